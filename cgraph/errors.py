@@ -1,0 +1,205 @@
+"""One error hierarchy for cgraph.
+
+Compile-time errors subclass ``ValueError`` (the user's DAG is a bad value);
+runtime errors carry the actor, the method and the original traceback. Every
+message says what went wrong, where (the node in text form), why, and how to fix
+it.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+
+class CGraphError(Exception):
+    """Base class of every error cgraph raises on purpose."""
+
+
+# --------------------------------------------------------------------------- compile time
+class CompileError(CGraphError, ValueError):
+    """The DAG cannot be compiled as written."""
+
+
+class DAGValidationError(CompileError):
+    """The DAG breaks a rule of the front end (nested node, free function, ...)."""
+
+
+class NestedNodeError(DAGValidationError):
+    """A DAG node sits inside a list, tuple or dict argument."""
+
+
+class FunctionNodeError(DAGValidationError):
+    """A free function (``f.bind``) instead of an actor method."""
+
+
+class UnknownMethodError(DAGValidationError):
+    """The actor class has no method of the bound name."""
+
+
+class EmptyDAGError(DAGValidationError):
+    """The DAG has no actor method to run."""
+
+
+class UnusedInputError(DAGValidationError):
+    """The InputNode is never read by any node."""
+
+
+class MultipleInputsError(DAGValidationError):
+    """Nodes of one DAG come from two different InputNodes."""
+
+
+class TransportError(CompileError):
+    """An edge asks for a transport its actors cannot use."""
+
+
+class GraphSyntaxError(CompileError):
+    """Text given to a ``parse_*`` function is not in the expected form."""
+
+
+class ScheduleInvariantError(CompileError):
+    """A scheduler pass produced a schedule that breaks an invariant (a cgraph bug)."""
+
+
+class DeadlockError(CompileError):
+    """The schedule can never finish: carries the wait-for cycle or blocked frontier."""
+
+    def __init__(self, message: str, evidence: object = None) -> None:
+        super().__init__(message)
+        self.evidence = evidence
+
+
+# --------------------------------------------------------------------------- run time
+class RuntimeGraphError(CGraphError, RuntimeError):
+    """A compiled graph failed while running."""
+
+
+class ChannelClosedError(RuntimeGraphError):
+    """A channel was closed (teardown or a failure elsewhere) while in use."""
+
+
+class ChannelTimeoutError(RuntimeGraphError, builtins.TimeoutError):
+    """A channel operation did not complete in time."""
+
+
+class TimeoutError(RuntimeGraphError, builtins.TimeoutError):  # noqa: A001 - mirrors ray.exceptions
+    """``get(timeout=...)`` or a submit timeout expired; the graph stays usable."""
+
+
+class ActorDiedError(RuntimeGraphError):
+    """An actor of the graph died; names the actor."""
+
+    def __init__(self, message: str, actor: str | None = None) -> None:
+        super().__init__(message)
+        self.actor = actor
+
+
+class GraphTornDownError(RuntimeGraphError):
+    """The compiled graph was torn down (explicitly, or after a fatal failure)."""
+
+
+class CapacityError(RuntimeGraphError):
+    """More unread executions than ``max_inflight_executions`` allows."""
+
+
+class RefConsumedError(RuntimeGraphError):
+    """A compiled ref's result was already read."""
+
+
+class TaskError(RuntimeGraphError):
+    """A user method raised; carries actor, method, execution index and traceback.
+
+    ``TaskError.wrap`` builds an instance that is also an instance of the
+    original exception's type where Python allows it, so ``except ValueError``
+    still works around ``compiled.execute(...).get()``.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        actor: str = "",
+        method: str = "",
+        execution_index: int = -1,
+        traceback_str: str = "",
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.actor = actor
+        self.method = method
+        self.execution_index = execution_index
+        self.traceback_str = traceback_str
+        self.cause = cause
+
+    def __str__(self) -> str:
+        head = self.args[0] if self.args else ""
+        return f"{head}\n{self.traceback_str}".rstrip()
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (
+            _rebuild_task_error,
+            (
+                self.args[0] if self.args else "",
+                self.actor,
+                self.method,
+                self.execution_index,
+                self.traceback_str,
+                self.cause,
+            ),
+        )
+
+    @classmethod
+    def wrap(
+        cls,
+        cause: BaseException,
+        *,
+        actor: str,
+        method: str,
+        execution_index: int,
+        traceback_str: str,
+    ) -> TaskError:
+        message = (
+            f"{type(cause).__name__} in {actor}.{method} "
+            f"(execution {execution_index}): {cause}"
+        )
+        kwargs = dict(
+            actor=actor,
+            method=method,
+            execution_index=execution_index,
+            traceback_str=traceback_str,
+            cause=cause,
+        )
+        cause_type = type(cause)
+        if cause_type is not cls and not issubclass(cause_type, TaskError):
+            try:
+                dual = type(f"TaskError({cause_type.__name__})", (cls, cause_type), {})
+                err = dual.__new__(dual)
+                TaskError.__init__(err, message, **kwargs)  # type: ignore[arg-type]
+                return err
+            except TypeError:
+                pass  # layout conflict (e.g. OSError subclasses): plain TaskError
+        return cls(message, **kwargs)  # type: ignore[arg-type]
+
+
+def _rebuild_task_error(
+    message: str,
+    actor: str,
+    method: str,
+    execution_index: int,
+    traceback_str: str,
+    cause: BaseException | None,
+) -> TaskError:
+    if cause is not None:
+        return TaskError.wrap(
+            cause,
+            actor=actor,
+            method=method,
+            execution_index=execution_index,
+            traceback_str=traceback_str,
+        )
+    return TaskError(
+        message,
+        actor=actor,
+        method=method,
+        execution_index=execution_index,
+        traceback_str=traceback_str,
+    )

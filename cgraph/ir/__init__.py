@@ -1,0 +1,33 @@
+"""The Graph IR: plain frozen records, a text form that round-trips."""
+
+from cgraph.ir.graph import (
+    DRIVER,
+    Actor,
+    ActorId,
+    Arg,
+    Const,
+    Graph,
+    Node,
+    NodeId,
+    NodeKind,
+    Ref,
+    TensorHint,
+)
+from cgraph.ir.text import format_graph, format_node, parse_graph
+
+__all__ = [
+    "DRIVER",
+    "Actor",
+    "ActorId",
+    "Arg",
+    "Const",
+    "Graph",
+    "Node",
+    "NodeId",
+    "NodeKind",
+    "Ref",
+    "TensorHint",
+    "format_graph",
+    "format_node",
+    "parse_graph",
+]
