@@ -1,0 +1,36 @@
+"""Reduce operations and the numpy ufunc that applies each one in place."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class ReduceOp(enum.Enum):
+    """How an allreduce combines the ranks' values, element by element."""
+
+    SUM = "sum"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+
+
+UFUNC: dict[ReduceOp, np.ufunc] = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+"""The binary ufunc of each op; every op has a row (a test checks)."""
+
+
+def combine(op: ReduceOp, left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
+    """Write ``op(left, right)`` into ``out`` (which may alias either operand).
+
+    The operand order is part of the contract: algorithms in which two ranks
+    compute the same combination (butterfly) pass the lower rank's data as
+    ``left`` on both, so the results agree bitwise even where an op is not
+    bitwise commutative (``minimum(0.0, -0.0)``, NaN payloads).
+    """
+    UFUNC[op](left, right, out=out)

@@ -1,0 +1,110 @@
+"""The alpha-beta-gamma cost model: shapes of the predictions, choice, fitting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cgraph.collective import cost_model
+from cgraph.collective.algorithms import ALGORITHMS
+from cgraph.collective.cost_model import (
+    COST,
+    CostParams,
+    Sample,
+    choose,
+    explain,
+    fit,
+    predict,
+    sample,
+    terms,
+)
+from cgraph.collective.transport import LocalTransport
+
+# 10 us per message, 1 GB/s, 10 GB/s reduction: a commodity cluster.
+CLUSTER = CostParams(alpha=1e-5, beta=1e-9, gamma=1e-10)
+
+
+def test_every_algorithm_has_a_cost_formula() -> None:
+    assert set(COST) == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize("world_size", [8, 16, 64])
+def test_ring_wins_large_messages_at_large_world_sizes(world_size: int) -> None:
+    assert choose(world_size, 256 << 20, CLUSTER) == "ring"
+
+
+@pytest.mark.parametrize("world_size", [4, 7, 16, 64])
+@pytest.mark.parametrize("nbytes", [4, 1024])
+def test_butterfly_wins_small_messages(world_size: int, nbytes: int) -> None:
+    assert choose(world_size, nbytes, CLUSTER) == "butterfly"
+
+
+def test_textbook_values() -> None:
+    p, n = 8, 1 << 20
+    assert terms("ring", p, n) == cost_model.Terms(14, 2 * 7 / 8 * n, 7 / 8 * n)
+    assert terms("tree", p, n) == cost_model.Terms(6, 6 * n, 3 * n)
+    assert terms("butterfly", 8, n) == cost_model.Terms(3, 3 * n, 3 * n)
+    assert terms("butterfly", 6, n) == cost_model.Terms(4, 4 * n, 3 * n)  # fold + unfold
+    assert terms("star", p, n) == cost_model.Terms(14, 14 * n, 7 * n)
+    rs = terms("reduction_server", 16, n, ranks_per_node=4)
+    assert rs.steps == 2 * (3 + 3) and math.isclose(rs.moved, 2 * 15 / 16 * n)
+    assert predict("ring", 1, n, CLUSTER) == 0.0 and predict("ring", 8, 0, CLUSTER) == 0.0
+
+
+def test_reduction_server_is_a_candidate_only_with_a_layout() -> None:
+    assert "reduction_server" not in explain(16, 1 << 20, CLUSTER)
+    assert "reduction_server" in explain(16, 1 << 20, CLUSTER, ranks_per_node=4)
+
+
+def test_explain_lists_every_algorithm_and_marks_the_best() -> None:
+    text = explain(16, 64 << 20, CLUSTER, ranks_per_node=4)
+    rows = text.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == list(ALGORITHMS)
+    (best,) = [r for r in rows if r.endswith("<- best")]
+    assert best.split()[0] == choose(16, 64 << 20, CLUSTER, ranks_per_node=4)
+
+
+def synthetic(params: CostParams) -> list[Sample]:
+    return [
+        Sample(a, p, n, predict(a, p, n, params))
+        for a in ("ring", "butterfly", "tree")
+        for p in (2, 4, 8)
+        for n in (8, 1 << 12, 1 << 20)
+    ]
+
+
+def test_fit_recovers_known_parameters() -> None:
+    truth = CostParams(alpha=3e-6, beta=2.5e-10, gamma=4e-11)
+    got = fit(synthetic(truth))
+    for field in ("alpha", "beta", "gamma"):
+        assert math.isclose(getattr(got, field), getattr(truth, field), rel_tol=1e-6), field
+
+
+def test_fit_with_noise_and_tuples() -> None:
+    truth = CostParams(alpha=1e-5, beta=1e-9, gamma=2e-10)
+    noisy = [
+        (s.algorithm, s.world_size, s.nbytes, s.seconds * (1.03 if i % 2 else 0.97))
+        for i, s in enumerate(synthetic(truth))
+    ]
+    got = fit(noisy)
+    assert math.isclose(got.alpha, truth.alpha, rel_tol=0.1)
+    assert math.isclose(got.beta, truth.beta, rel_tol=0.1)
+    assert math.isclose(got.gamma, truth.gamma, rel_tol=0.5)
+    assert min(got.alpha, got.beta, got.gamma) >= 0
+
+
+def test_fit_refuses_samples_that_cannot_separate_beta_from_gamma() -> None:
+    only_ring = [s for s in synthetic(CLUSTER) if s.algorithm == "ring"]
+    with pytest.raises(ValueError, match="include butterfly"):
+        fit(only_ring)
+
+
+def test_sample_and_measure_on_local_threads() -> None:
+    samples = sample(
+        lambda p: LocalTransport.create(p), world_sizes=(2,), nbytes=(64, 4096), repeats=1
+    )
+    assert {s.algorithm for s in samples} == set(cost_model.candidates())
+    assert all(s.seconds > 0 and s.world_size == 2 for s in samples)
+    params = cost_model.measure(world_sizes=(2, 3), nbytes=(64, 1 << 16), repeats=2)
+    assert min(params.alpha, params.beta, params.gamma) >= 0
