@@ -1,0 +1,114 @@
+"""Process-shared POSIX semaphores living inside a shared-memory mapping.
+
+A semaphore is 32 bytes of ``sem_t`` at a fixed offset of a ``MAP_SHARED``
+mapping; ``sem_init(pshared=1)`` makes it usable from every process that maps
+the segment. glibc implements ``sem_post`` / ``sem_trywait`` with atomics and
+enters the kernel (a futex) only to sleep or to wake a sleeper, so an
+uncontended post or acquire costs one ctypes call and no system call, and a
+blocked waiter sleeps in the kernel at ~0% CPU. ctypes releases the GIL for the
+call, so other threads keep running while one waits.
+
+Measured on the 2-core VM (benchmarks/bench_channels.py): a ping-pong through
+two of these semaphores costs the same as one through a pipe or an eventfd;
+the wake-up itself (a cross-CPU IPI inside the VM) dominates, not ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import time
+from collections.abc import Callable
+
+SEM_SIZE = 32  # sizeof(sem_t) on 64-bit glibc
+_CLOCK_MONOTONIC = time.CLOCK_MONOTONIC
+_NS = 1_000_000_000
+
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+_sem_init = _libc.sem_init
+_sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
+_sem_post = _libc.sem_post
+_sem_post.argtypes = [ctypes.c_void_p]
+_sem_trywait = _libc.sem_trywait
+_sem_trywait.argtypes = [ctypes.c_void_p]
+_sem_clockwait = _libc.sem_clockwait  # glibc >= 2.30: waits on CLOCK_MONOTONIC
+_sem_clockwait.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+_sem_getvalue = _libc.sem_getvalue
+_sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class Semaphore:
+    """One process-shared semaphore at ``address`` inside a live mapping.
+
+    ``anchor`` is any object that keeps the mapping alive (the ctypes view of
+    the mmap): the semaphore must never outlive the memory it points into.
+    """
+
+    __slots__ = ("_ptr", "_anchor", "_until", "_until_ref", "post_fast", "try_acquire_fast")
+
+    def __init__(self, address: int, anchor: object) -> None:
+        self._ptr = ctypes.c_void_p(address)
+        self._anchor = anchor
+        self._until = _Timespec()  # reused: one thread waits per semaphore object
+        self._until_ref = ctypes.byref(self._until)
+        # C-level callables for the channels' hot paths (no Python frame): return
+        # 0 on success. sem_post only fails on a corrupt semaphore or overflow.
+        self.post_fast = functools.partial(_sem_post, self._ptr)
+        self.try_acquire_fast = functools.partial(_sem_trywait, self._ptr)
+
+    def init(self, value: int) -> None:
+        """Initialise in place (once, by the segment's creator, before sharing it)."""
+        if _sem_init(self._ptr, 1, value) != 0:
+            raise OSError(ctypes.get_errno(), "sem_init failed")
+
+    def post(self) -> None:
+        """Add one token; wakes one sleeper if there is one."""
+        if _sem_post(self._ptr) != 0:
+            raise OSError(ctypes.get_errno(), "sem_post failed")
+
+    def try_acquire(self) -> bool:
+        """Take a token if one is there, without blocking or entering the kernel."""
+        return bool(_sem_trywait(self._ptr) == 0)
+
+    def value(self) -> int:
+        """Current token count (for tests and debugging; racy by nature)."""
+        out = ctypes.c_int()
+        _sem_getvalue(self._ptr, ctypes.byref(out))
+        return out.value
+
+    def acquire(
+        self, deadline_ns: int | None, poll_ns: int, should_stop: Callable[[], bool]
+    ) -> bool:
+        """Take a token, sleeping in the kernel until one comes or time runs out.
+
+        Wakes every ``poll_ns`` to ask ``should_stop()`` (a closed channel), so a
+        lost wake-up can delay a waiter by at most one poll period, never hang it.
+
+        Args:
+            deadline_ns: ``time.monotonic_ns()`` value to give up at; None waits forever.
+            poll_ns: longest single sleep.
+            should_stop: checked before every sleep; True ends the wait.
+
+        Returns:
+            True with a token taken; False on deadline or when ``should_stop()``.
+        """
+        if _sem_trywait(self._ptr) == 0:
+            return True
+        ts = self._until
+        while not should_stop():
+            now = time.monotonic_ns()
+            if deadline_ns is not None and now >= deadline_ns:
+                return False
+            until = now + poll_ns if deadline_ns is None else min(deadline_ns, now + poll_ns)
+            ts.tv_sec, ts.tv_nsec = divmod(until, _NS)
+            if _sem_clockwait(self._ptr, _CLOCK_MONOTONIC, self._until_ref) == 0:
+                return True
+            err = ctypes.get_errno()
+            if err not in (errno.ETIMEDOUT, errno.EINTR):
+                raise OSError(err, "sem_clockwait failed")
+        return False
