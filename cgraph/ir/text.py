@@ -74,7 +74,9 @@ def _fail(lineno: int, line: str, why: str) -> GraphSyntaxError:
 
 def _split_args(text: str) -> list[str]:
     """Split on top-level commas (constants like ``[1, 2]`` never appear: ``$k``)."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch in "([{":
             depth += 1

@@ -1,0 +1,87 @@
+"""The pass pipeline: graph -> channel plan -> schedule, checked between passes.
+
+    plan_channels   which channel carries each edge
+    lower           per-actor ops in bind order, comm pairs co-scheduled
+    overlap         (when asked) comm stream, RECVs hoisted
+
+After each schedule pass, ``verify`` (when ``check``) and the deadlock dry run
+(always) guard the result; ``dump(pass_name, text)`` sees the text form after
+every pass (the caller wires ``CGRAPH_DEBUG=1`` to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cgraph.ir.graph import Graph
+from cgraph.scheduler.channels import ChannelPlan, format_channels, plan_channels
+from cgraph.scheduler.deadlock import raise_on_deadlock
+from cgraph.scheduler.lower import lower
+from cgraph.scheduler.ops import Schedule, format_schedule
+from cgraph.scheduler.overlap import overlap as overlap_schedule
+from cgraph.scheduler.verify import check as check_schedule
+
+SchedulePass = Callable[[Graph, ChannelPlan, Schedule], Schedule]
+
+PASSES: tuple[tuple[str, SchedulePass], ...] = (
+    ("lower", lambda graph, plan, schedule: lower(graph, plan)),
+    ("overlap", lambda graph, plan, schedule: overlap_schedule(schedule)),
+)
+"""The schedule passes, in order; ``overlap`` runs only when asked."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """Everything the compiler decided about one graph."""
+
+    graph: Graph
+    plan: ChannelPlan
+    schedule: Schedule  # the final schedule
+    before_overlap: Schedule | None  # the lowered schedule, when overlap ran
+    passes: tuple[tuple[str, Schedule], ...]  # each pass's result, in order
+
+
+def plan_schedule(
+    graph: Graph,
+    *,
+    overlap: bool = False,
+    check: bool = True,
+    default_communicator: str | None = None,
+    dump: Callable[[str, str], None] | None = None,
+) -> Planned:
+    """Run the pipeline on ``graph``.
+
+    Args:
+        graph: the DAG.
+        overlap: run the overlap pass (``_overlap_gpu_communication=True``).
+        check: verify the invariants after each pass.
+        default_communicator: communicator for NCCL edges between actors
+            without GPUs (see ``plan_channels``).
+        dump: called as ``dump(pass_name, text)`` after each pass.
+
+    Returns:
+        The plan, the final schedule and every pass's result.
+
+    Raises:
+        TransportError, DAGValidationError: from ``plan_channels``.
+        DeadlockError: a schedule cannot finish; the evidence is attached.
+        ScheduleInvariantError: a pass broke an invariant (a cgraph bug).
+    """
+    plan = plan_channels(graph, default_communicator=default_communicator)
+    if dump is not None:
+        dump("plan_channels", format_channels(plan))
+    schedule: Schedule = {}
+    done: list[tuple[str, Schedule]] = []
+    for name, run in PASSES:
+        if name == "overlap" and not overlap:
+            continue
+        schedule = run(graph, plan, schedule)
+        done.append((name, schedule))
+        if dump is not None:
+            dump(name, format_schedule(schedule))
+        if check:
+            check_schedule(graph, plan, schedule, name)
+        raise_on_deadlock(schedule, graph)
+    before = done[0][1] if overlap else None
+    return Planned(graph, plan, schedule, before, tuple(done))

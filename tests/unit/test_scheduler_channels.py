@@ -1,0 +1,189 @@
+"""plan_channels: transports per edge, errors that say how to fix, lookups, text form."""
+
+from __future__ import annotations
+
+import pytest
+
+from cgraph.errors import DAGValidationError, GraphSyntaxError, TransportError
+from cgraph.ir import DRIVER, TensorHint, parse_graph
+from cgraph.scheduler import (
+    ChannelKind,
+    ChannelSpec,
+    format_channels,
+    map_values,
+    parse_channels,
+    plan_channels,
+)
+
+# a.send ==nccl==> b.recv, on two actors without GPUs
+NO_GPU = """
+actor a = Worker(gpus=0)
+actor b = Worker(gpus=0)
+n0 = input
+n1 = a.send(n0) :nccl
+n2 = b.recv(n1)
+return n2
+"""
+
+
+def test_nccl_without_gpus_says_which_edge_which_actors_and_what_to_do() -> None:
+    with pytest.raises(TransportError) as err:
+        plan_channels(parse_graph(NO_GPU))
+    assert str(err.value) == (
+        "edge n1 = a.send(n0) :nccl -> n2 = b.recv(n1) uses transport 'nccl', "
+        "but actors a (Worker, gpus=0) and b (Worker, gpus=0) have no GPU\n"
+        "  at:  n1 = a.send(n0) :nccl\n"
+        "       n2 = b.recv(n1)\n"
+        "  why: NCCL moves tensors between GPUs, so both actors need one\n"
+        '  fix: use with_tensor_transport(transport="shm") or transport="auto" for this edge, '
+        'give both actors num_gpus=1, or compile with a CPU communicator (default_communicator="cpu")'
+    )
+    assert isinstance(err.value, ValueError)
+
+
+def test_nccl_names_only_the_actor_without_a_gpu() -> None:
+    with pytest.raises(TransportError, match=r"actor b \(Worker, gpus=0\) has no GPU"):
+        plan_channels(parse_graph(NO_GPU.replace("a = Worker(gpus=0)", "a = Worker(gpus=1)")))
+
+
+def test_nccl_without_gpus_falls_back_to_the_default_communicator() -> None:
+    plan = plan_channels(parse_graph(NO_GPU), default_communicator="cpu")
+    assert format_channels(plan).splitlines()[1] == "n1>b.comm = comm a -> b via cpu :nccl"
+
+
+@pytest.mark.parametrize(
+    ("gpus_a", "gpus_b", "hint", "expected"),
+    [
+        (1, 1, "auto", "n1>b.comm = comm a -> b via nccl :auto"),
+        (1, 0, "auto", "n1.shm = shm a -> b via shm :auto"),
+        (1, 1, "shm", "n1.shm = shm a -> b via shm :shm"),
+        (1, 1, None, "n1.shm = shm a -> b via shm"),
+        (0, 0, "custom:mine", "n1>b.comm = comm a -> b via custom:mine :custom:mine"),
+        (1, 1, "nccl[static_shape]", "n1>b.comm = comm a -> b via nccl :nccl[static_shape]"),
+    ],
+)
+def test_transport_per_hint(gpus_a: int, gpus_b: int, hint: str | None, expected: str) -> None:
+    text = NO_GPU.replace("a = Worker(gpus=0)", f"a = Worker(gpus={gpus_a})")
+    text = text.replace("b = Worker(gpus=0)", f"b = Worker(gpus={gpus_b})")
+    text = text.replace(" :nccl", f" :{hint}" if hint else "")
+    assert format_channels(plan_channels(parse_graph(text))).splitlines()[1] == expected
+
+
+def test_edges_to_and_from_the_driver_never_use_a_communicator() -> None:
+    # -> a.f(:nccl) -> driver ; GPU actor, nccl hint: the driver still reads shm
+    graph = parse_graph("actor a = W(gpus=1)\nn0 = input\nn1 = a.f(n0) :nccl\nreturn n1")
+    assert format_channels(plan_channels(graph)) == (
+        "n0.shm = shm driver -> a via shm\nn1.shm = shm a -> driver via shm :nccl"
+    )
+
+
+def test_nccl_across_hosts_stays_on_the_communicator() -> None:
+    text = NO_GPU.replace("gpus=0)", "gpus=1)").replace("b = Worker(gpus=1)", "b = Worker(gpus=1, host=n2)")
+    lines = format_channels(plan_channels(parse_graph(text))).splitlines()
+    assert lines[1] == "n1>b.comm = comm a -> b via nccl :nccl"
+    assert lines[2] == "n2>driver.xnode = xnode b -> driver via xnode"
+
+
+def test_items_inherit_the_hint_of_their_call() -> None:
+    graph = parse_graph(
+        """
+        actor a = W(gpus=1)
+        actor b = W(gpus=1)
+        n0 = input
+        n1 = a.split(n0) returns=2 :nccl
+        n2 = n1[0]
+        n3 = n1[1] :shm
+        n4 = b.g(n2, n3)
+        return n4
+        """
+    )
+    plan = plan_channels(graph)
+    assert [spec.id for spec in plan.channels] == ["n0.shm", "n2>b.comm", "n3.shm", "n4.shm"]
+    assert plan.for_reader("n2", "b").hint == TensorHint("nccl")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("n1 = a.split(n0) returns=2\nn2 = b.g(n1)\nreturn n2",
+         "n2 reads n1, a call with num_returns=2, as one value\n"
+         "  at:  n1 = a.split(n0) returns=2\n       n2 = b.g(n1)\n"
+         "  why: each result of n1 is a value of its own (n1[0], n1[1], ...)\n"
+         "  fix: read one result: `x, y = actor.f.options(num_returns=2).bind(...)`, then bind x or y"),
+        ("n1 = a.split(n0) returns=2\nreturn n1",
+         "the output reads n1, a call with num_returns=2, as one value\n"
+         "  at:  n1 = a.split(n0) returns=2\n       return n1\n"),
+        ("n1 = a.f(n0)\nn2 = b.f(n0)\nn3 = allreduce(n1, n2)\nn4 = b.g(n3)\nreturn n4",
+         "n4 reads n3, a collective, as one value\n"),
+        ("n1 = a.f(n0)\nn2 = a.g(n0)\nn3 = allreduce(n1, n2)\nn4 = n3[0]\nreturn n4",
+         "collective n3 has members a, a\n  at:  n3 = allreduce(n1, n2)\n"),
+        ("n1 = a.f(n0)\nn2 = allreduce(n1, n0)\nn3 = n2[0]\nreturn n3",
+         "collective n2 has members a, driver\n"),
+    ],
+    ids=["call reads multi-return", "output is multi-return", "call reads collective",
+         "collective members share an actor", "collective member is the input"],
+)  # fmt: skip
+def test_bad_reads_are_dag_errors(text: str, expected: str) -> None:
+    graph = parse_graph("actor a = W(gpus=1)\nactor b = W(gpus=1)\nn0 = input\n" + text)
+    with pytest.raises(DAGValidationError) as err:
+        plan_channels(graph)
+    assert str(err.value).startswith(expected)
+
+
+def test_value_map_readers_follow_actor_order_with_the_driver_last() -> None:
+    # actors declared b, a; a reads n1 first; the driver reads it too
+    graph = parse_graph(
+        """
+        actor b = W(gpus=0)
+        actor a = W(gpus=0)
+        actor c = W(gpus=0)
+        n0 = input
+        n1 = c.f(n0)
+        n2 = a.g(n1)
+        n3 = b.g(n1)
+        return [n1, n2, n3]
+        """
+    )
+    values = map_values(graph)
+    assert values.values == ("n0", "n1", "n2", "n3")
+    assert values.readers["n1"] == ("b", "a", DRIVER)
+    assert values.holder == {"n0": DRIVER, "n1": "c", "n2": "a", "n3": "b"}
+    assert values.inputs["n2"] == ("n1",)
+    plan = plan_channels(graph)
+    assert plan.for_reader("n1", "a") is plan.for_reader("n1", DRIVER)
+    assert plan.for_reader("n1", "c") is None
+    assert [s.id for s in plan.for_node("n1")] == ["n1.shm"]
+    assert plan.for_node("n9") == ()
+
+
+def test_input_attributes_read_the_input_channel() -> None:
+    graph = parse_graph("actor a = W(gpus=0)\nn0 = input\nn1 = n0.x\nn2 = n0[1]\nn3 = a.f(n1, n2)\nreturn n3")
+    assert map_values(graph).inputs["n3"] == ("n0",)
+    assert plan_channels(graph).for_reader("n0", "a") == ChannelSpec(
+        "n0.shm", "n0", ChannelKind.SHM, DRIVER, ("a",), "shm"
+    )
+
+
+def test_channel_text_round_trips() -> None:
+    graph = parse_graph(
+        """
+        actor a = W(gpus=1)
+        actor b = W(gpus=1, host=node2)
+        actor c = W(gpus=0)
+        n0 = input
+        n1 = a.f(n0) :nccl[static_shape,direct_return]
+        n2 = b.g(n1)
+        n3 = c.h(n1, n2) :custom:mine
+        n4 = a.k(n3, n1)
+        return [n1, n4]
+        """
+    )
+    plan = plan_channels(graph, default_communicator="cpu")
+    assert "n1>c.comm = comm a -> c via cpu" in format_channels(plan)
+    assert parse_channels(format_channels(plan)) == plan
+    assert parse_channels(str(plan)).for_reader("n2", "c") == plan.for_reader("n2", "c")
+
+
+def test_bad_channel_text_names_the_line() -> None:
+    with pytest.raises(GraphSyntaxError, match="line 2: expected 'ID = KIND"):
+        parse_channels("n0.shm = shm driver -> a via shm\nn1.shm = bogus")
