@@ -1,0 +1,96 @@
+"""cgraph: a compiled dataflow-graph executor for Ray actors.
+
+    import ray
+    from cgraph import InputNode, MultiOutputNode, TorchTensorType
+
+    with InputNode() as inp:
+        dag = MultiOutputNode([worker.f.bind(inp)])
+    compiled = dag.experimental_compile()      # or cgraph.compile(dag)
+
+``import cgraph`` stays light: the errors load at once; ``compile`` and the DAG
+names (which import Ray) load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from cgraph.errors import (
+    ActorDiedError,
+    CapacityError,
+    CGraphError,
+    ChannelClosedError,
+    ChannelTimeoutError,
+    CompileError,
+    DAGValidationError,
+    DeadlockError,
+    EmptyDAGError,
+    ExecuteArgumentError,
+    FunctionNodeError,
+    GraphSyntaxError,
+    GraphTornDownError,
+    MultipleInputsError,
+    NestedNodeError,
+    RefConsumedError,
+    RuntimeGraphError,
+    ScheduleInvariantError,
+    TaskError,
+    TimeoutError,
+    TransportError,
+    UnknownMethodError,
+    UnusedInputError,
+)
+
+if TYPE_CHECKING:
+    from cgraph.compiler import compile
+    from cgraph.dag import InputNode, MultiOutputNode, TorchTensorType, with_type_hint
+
+_LAZY = {
+    "compile": "cgraph.compiler",
+    "InputNode": "cgraph.dag",
+    "MultiOutputNode": "cgraph.dag",
+    "TorchTensorType": "cgraph.dag",
+    "with_type_hint": "cgraph.dag",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load the Ray-dependent public names on first use (PEP 562)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'cgraph' has no attribute {name!r}")
+
+
+__all__ = [
+    "ActorDiedError",
+    "CGraphError",
+    "CapacityError",
+    "ChannelClosedError",
+    "ChannelTimeoutError",
+    "CompileError",
+    "DAGValidationError",
+    "DeadlockError",
+    "EmptyDAGError",
+    "ExecuteArgumentError",
+    "FunctionNodeError",
+    "GraphSyntaxError",
+    "GraphTornDownError",
+    "InputNode",
+    "MultiOutputNode",
+    "MultipleInputsError",
+    "NestedNodeError",
+    "RefConsumedError",
+    "RuntimeGraphError",
+    "ScheduleInvariantError",
+    "TaskError",
+    "TimeoutError",
+    "TorchTensorType",
+    "TransportError",
+    "UnknownMethodError",
+    "UnusedInputError",
+    "compile",
+    "with_type_hint",
+]

@@ -1,0 +1,192 @@
+"""``cgraph.compile``: read a Ray DAG, check it, plan its channels and per-actor schedule.
+
+    dag ──read_dag──► FrontEnd(graph, handles, communicators)
+                          │ plan_schedule(graph, overlap=..., default_communicator=...)
+                          ▼
+                      Planned(graph, plan, schedule, before_overlap, passes)
+                          │ (the runtime launches it: channels, actor loops)
+                          ▼
+                      CompiledPlan: graph, plan, schedule, text(), visualize()
+
+``plan`` is the seam the runtime builds on: it returns the front end (live
+handles, communicator objects) and the scheduler's result. Environment
+switches, read here and nowhere deeper:
+
+- ``CGRAPH_DEBUG=1``: the scheduler dumps its text form after each pass to the
+  "cgraph" logger.
+- ``CGRAPH_VISUALIZE_SCHEDULE=1``: compile writes the schedule picture (ops
+  moved by the overlap pass in red) into ``$CGRAPH_VISUALIZE_DIR`` (default
+  ``./cgraph-schedules``) and logs the file name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cgraph._log import logger
+from cgraph.dag import CommunicatorTable, FrontEnd, read_dag
+from cgraph.runtime.options import CompileOptions
+
+DEBUG_ENV = "CGRAPH_DEBUG"
+VISUALIZE_ENV = "CGRAPH_VISUALIZE_SCHEDULE"
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    """A compiled DAG, planned but not launched: the IR, channels and schedule."""
+
+    front: FrontEnd
+    planned: Any  # cgraph.scheduler's Planned
+    options: CompileOptions
+
+    @property
+    def graph(self) -> Any:
+        """The Graph IR (``cgraph.ir.Graph``)."""
+        return self.planned.graph
+
+    @property
+    def plan(self) -> Any:
+        """The channel plan: which channel carries each value to each reader."""
+        return self.planned.plan
+
+    @property
+    def schedule(self) -> Any:
+        """``dict[actor_id, tuple[Op, ...]]``: each actor's ops for one execution."""
+        return self.planned.schedule
+
+    def text(self) -> str:
+        """The graph, its channels and its schedule grid, as text."""
+        from cgraph.ir import format_graph
+        from cgraph.scheduler.ops import format_grid
+
+        return (
+            f"{format_graph(self.graph)}\n\n# channels\n{self.plan}\n\n"
+            f"# schedule\n{format_grid(self.schedule)}"
+        )
+
+    def visualize(self, path: str | os.PathLike[str] | None = None, *, format: str = "png") -> Path:
+        """Draw the schedule, ops moved by the overlap pass in red.
+
+        Args:
+            path: where to write (a trailing ``.png``/``.dot``... is replaced by
+                the format); default: a new numbered file in
+                ``$CGRAPH_VISUALIZE_DIR`` or ``./cgraph-schedules``.
+            format: "png", "svg" or "pdf" (a ``.dot`` file without graphviz).
+
+        Returns:
+            The path written.
+        """
+        from cgraph import visualize  # lazy: only when a picture is asked for
+
+        before = self.planned.before_overlap
+        if path is None:
+            return visualize.write_schedule_picture(self.schedule, before, format=format)
+        return visualize.render(visualize.schedule_to_dot(self.schedule, before), path, format=format)
+
+
+def plan(
+    dag: Any,
+    *,
+    overlap: bool = False,
+    default_communicator: Any = None,
+    check: bool = True,
+) -> tuple[FrontEnd, Any]:
+    """Read and check ``dag``, then run the scheduler's pass pipeline on it.
+
+    Args:
+        dag: the root of a Ray DAG (a ``MultiOutputNode`` or one bound call).
+        overlap: run the overlap pass (GPU communication overlaps compute).
+        default_communicator: transport for communicator edges the actors cannot
+            serve themselves: a name (``"cpu"``, ``"nccl"``) or a communicator
+            object, registered as ``custom:<Class>`` like per-edge ones.
+        check: verify the schedule after each pass and look for deadlocks.
+
+    Returns:
+        ``(front_end, planned)``: the live objects, and the scheduler's ``Planned``.
+
+    Raises:
+        DAGValidationError: (or a subclass) the DAG breaks a front-end rule.
+        TransportError: an edge asks for a transport its actors cannot use.
+        DeadlockError: the bound order can never run; the message shows the cycle.
+    """
+    from cgraph.scheduler import plan_schedule
+
+    table = CommunicatorTable()
+    default = _communicator_name(default_communicator, table)
+    front = read_dag(dag, communicators=table)
+    dump = _log_pass if os.environ.get(DEBUG_ENV, "") not in ("", "0") else None
+    if dump is not None:
+        _log_pass("read_dag", front.graph)
+    planned = plan_schedule(
+        front.graph, overlap=overlap, check=check, default_communicator=default, dump=dump
+    )
+    return front, planned
+
+
+def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
+    dag: Any,
+    *,
+    overlap_gpu_communication: bool = False,
+    max_inflight_executions: int = 10,
+    buffer_size_bytes: int = 1 << 20,
+    submit_timeout: float | None = 10.0,
+    get_timeout: float | None = None,
+    enable_asyncio: bool = False,
+    default_communicator: Any = None,
+) -> CompiledPlan:
+    """Compile a Ray DAG with cgraph.
+
+    Args:
+        dag: the root of a Ray DAG: a ``MultiOutputNode`` or one bound call.
+        overlap_gpu_communication: reorder communicator receives to overlap compute.
+        max_inflight_executions: executions submitted and not yet read, at most.
+        buffer_size_bytes: initial size of each shared-memory slot (grows once
+            when a larger value comes).
+        submit_timeout: seconds ``execute`` may wait for room (``None``: forever).
+        get_timeout: default seconds ``get`` waits (``None``: forever).
+        enable_asyncio: prepare ``execute_async``.
+        default_communicator: a name (``"cpu"``) or communicator object for
+            communicator edges the actors cannot serve themselves.
+
+    Returns:
+        The ``CompiledPlan`` (graph, plan, schedule, ``text()``, ``visualize()``).
+
+    Raises:
+        DAGValidationError: (or a subclass) the DAG breaks a front-end rule.
+        TransportError: an edge asks for a transport its actors cannot use.
+        DeadlockError: the bound order can never run.
+        ValueError: an option is out of range.
+    """
+    options = CompileOptions(
+        overlap_gpu_communication=overlap_gpu_communication,
+        max_inflight_executions=max_inflight_executions,
+        buffer_size_bytes=buffer_size_bytes,
+        submit_timeout=submit_timeout,
+        get_timeout=get_timeout,
+        enable_asyncio=enable_asyncio,
+        default_communicator=default_communicator,
+    )
+    front, planned = plan(
+        dag, overlap=overlap_gpu_communication, default_communicator=default_communicator
+    )
+    compiled = CompiledPlan(front, planned, options)
+    if os.environ.get(VISUALIZE_ENV, "") not in ("", "0"):
+        compiled.visualize()  # logs the file it wrote
+    return compiled
+
+
+def _communicator_name(communicator: Any, table: CommunicatorTable) -> str | None:
+    if communicator is None or isinstance(communicator, str):
+        return communicator
+    return table.name(communicator)
+
+
+def _log_pass(name: str, value: Any) -> None:
+    """``dump`` for the scheduler: the text form after a pass, on the "cgraph" logger."""
+    from cgraph.scheduler.ops import format_schedule
+
+    text = format_schedule(value) if isinstance(value, dict) else str(value)
+    logger.info("after %s:\n%s", name, text)

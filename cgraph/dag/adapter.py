@@ -1,0 +1,398 @@
+"""The one module that reads Ray's DAG node objects (Ray 2.60) into the Graph IR.
+
+    with InputNode() as inp:                  actor a = Worker(gpus=1)
+        x = w.f.bind(inp[0])                  n0 = input
+        y, z = w.g.options(                   n1 = n0[0]
+            num_returns=2).bind(x)    ──►     n2 = a.f(n1)
+        dag = MultiOutputNode([y, z])         n3 = a.g(n2) returns=2
+                                              n4 = n3[0]
+                                              n5 = n3[1]
+                                              return [n4, n5]
+
+What Ray 2.60 records, read here and nowhere else:
+
+- A call is a ``ClassMethodNode``; its actor (``_parent_class_node``) is an
+  ``ActorHandle`` or a ``ClassNode`` (``Worker.bind()``: no running Ray needed).
+- ``num_returns=k`` on a handle: ``bind`` returns k placeholders with
+  ``is_class_method_output``, ``class_method_call``, ``output_idx``: ITEM nodes.
+  On a ClassNode it returns the call; k is ``.options(num_returns=k)`` or
+  ``@ray.method(num_returns=k)``.
+- Order: ``bind`` on a handle stamps ``_bind_index`` from a counter kept per
+  handle *object*; Ray runs an actor's tasks sorted by it (ties: graph
+  position). Two handle objects of one actor count separately and can bind an
+  order that never runs (the scheduler reports it). ClassNode calls run in
+  creation order.
+- GPUs: a ClassNode's ``num_gpus`` option (default 0); a live handle keeps no
+  options, so ``required_resources["GPU"]`` from the GCS actor table; 0 when
+  Ray is not connected. ``Actor.host`` stays "": the runtime resolves hosts.
+- Ids follow creation order where Ray records it: ``_downstream_nodes`` lists
+  consumers (a ClassNode's: its calls) in creation order, handle calls carry
+  bind indices. Elsewhere, level by level, as list comprehensions build.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
+
+import networkx as nx  # type: ignore[import-untyped]
+import ray
+from ray.actor import ActorHandle
+from ray.dag import ClassMethodNode, ClassNode, DAGNode, FunctionNode, InputAttributeNode
+from ray.dag import InputNode as RayInputNode
+from ray.dag import MultiOutputNode as RayMultiOutputNode
+from ray.dag.collective_node import CollectiveOutputNode
+
+from cgraph._log import logger
+from cgraph.dag import validate
+from cgraph.dag.nodes import CommunicatorTable, to_tensor_hint
+from cgraph.ir import Actor, ActorId, Arg, Const, Graph, Node, NodeKind, Ref
+
+_RAY_SPECIAL_METHODS = ("__ray_call__", "__ray_ready__", "__ray_terminate__")
+
+
+@dataclass(frozen=True)
+class FrontEnd:
+    """What the front end read: the IR and the live objects it stands for."""
+
+    graph: Graph
+    handles: Mapping[ActorId, Any]  # actor id -> ActorHandle (or ClassNode)
+    communicators: Mapping[str, Any]  # "custom:<name>" -> the user's communicator object
+    input_node: Any = None  # the DAG's Ray InputNode
+
+
+# --------------------------------------------------------------------------- reading
+def read_dag(root: Any, *, communicators: CommunicatorTable | None = None) -> FrontEnd:
+    """Read a Ray DAG into the Graph IR and check it.
+
+    Args:
+        root: what was compiled: a ``MultiOutputNode`` or one method-call node.
+        communicators: the table communicator objects are named in (compile shares
+            it with the default communicator); a new one if omitted.
+
+    Returns:
+        The ``FrontEnd``: graph, actor handles, communicators and input node.
+
+    Raises:
+        DAGValidationError: or a subclass; the DAG breaks a front-end rule, and the
+            message names the node and says how to fix it.
+    """
+    table = communicators if communicators is not None else CommunicatorTable()
+    outputs, multi = _outputs(root)
+    nodes = _order(_closure(outputs))
+    _check_dead_calls(nodes)
+    builder = _Builder(table)
+    graph = builder.build(nodes, outputs, multi)
+    inputs = [n for n in nodes if isinstance(n, RayInputNode)]
+    used = {n.key for n in nodes if isinstance(n, InputAttributeNode)}
+    created = inputs[0].input_attribute_nodes if len(inputs) == 1 else {}
+    unused = [k for k in created if k not in used and not str(k).startswith("__")]
+    validate.check_graph(graph, methods=builder.methods, unused_input_keys=unused)
+    return FrontEnd(
+        graph=graph,
+        handles=MappingProxyType(dict(builder.handles)),
+        communicators=MappingProxyType(dict(table.objects)),
+        input_node=inputs[0] if inputs else None,
+    )
+
+
+def _outputs(root: Any) -> tuple[list[DAGNode], bool]:
+    if not isinstance(root, DAGNode):
+        raise validate.not_a_dag(_short(root))
+    if not isinstance(root, RayMultiOutputNode):
+        return [root], False
+    for i, value in enumerate(root.get_args()):
+        if not isinstance(value, DAGNode):
+            what = "a container of nodes" if _holds_node(value) else f"the constant {_short(value)}"
+            raise validate.bad_output(what, i, describe(root))
+    return list(root.get_args()), True
+
+
+def _closure(outputs: list[DAGNode]) -> list[DAGNode]:
+    """Every node the outputs depend on, in depth-first post-order."""
+    done: dict[int, DAGNode] = {}
+    stack: list[tuple[DAGNode, bool]] = [(o, False) for o in reversed(outputs)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded or id(node) in done:
+            done.setdefault(id(node), node)
+            continue
+        stack.append((node, True))
+        stack.extend((p, False) for p in reversed(_parents(node)) if id(p) not in done)
+    return list(done.values())
+
+
+def _parents(node: DAGNode) -> list[DAGNode]:
+    """The nodes whose values ``node`` reads, after checking ``node`` is supported."""
+    if isinstance(node, (CollectiveOutputNode, FunctionNode, RayMultiOutputNode, ClassNode)):
+        kind = next(c for c in type(node).__mro__ if c.__name__ in validate.UNSUPPORTED).__name__
+        raise validate.unsupported_node(kind, describe(node, 0), describe(node))
+    if isinstance(node, RayInputNode):
+        return []
+    if isinstance(node, InputAttributeNode):
+        return [node.get_other_args_to_resolve()["dag_input_node"]]
+    if not isinstance(node, ClassMethodNode):
+        raise validate.unsupported_node(type(node).__name__, describe(node, 0), describe(node))
+    if node.is_class_method_output:
+        return [node.class_method_call]  # type: ignore[list-item]  # set for outputs
+    _check_not_nested(node)
+    values = [*node.get_args(), *node.get_kwargs().values()]
+    return list({id(v): v for v in values if isinstance(v, DAGNode)}.values())
+
+
+def _check_not_nested(call: ClassMethodNode) -> None:
+    """Ray collected every node inside the arguments at bind time: any not passed directly is nested."""
+    direct = {id(v) for v in [*call.get_args(), *call.get_kwargs().values()] if isinstance(v, DAGNode)}
+    direct |= {id(v) for v in call.get_other_args_to_resolve().values() if isinstance(v, DAGNode)}
+    nested = [u for u in call._upstream_nodes if id(u) not in direct]
+    if nested:
+        slots = [f"argument {i}" for i, a in enumerate(call.get_args()) if _holds_node(a)]
+        slots += [f"keyword argument {k!r}" for k, v in call.get_kwargs().items() if _holds_node(v)]
+        slot = slots[0] if slots else "an argument"
+        raise validate.nested_node(describe(nested[0], 0), slot, describe(call, 0), describe(call))
+
+
+def _holds_node(value: Any) -> bool:
+    """A DAG node sits somewhere inside the container ``value``."""
+    return not isinstance(value, DAGNode) and _contains(value, lambda v: isinstance(v, DAGNode))
+
+
+def _contains(value: Any, match: Any) -> bool:
+    if match(value):
+        return True
+    items = (*value.keys(), *value.values()) if isinstance(value, dict) else value
+    return isinstance(value, (dict, list, tuple, set, frozenset)) and any(_contains(v, match) for v in items)
+
+
+def _check_dead_calls(nodes: list[DAGNode]) -> None:
+    """A call that reads the DAG but reaches no output would be dropped: Ray rejects it too."""
+    inside = {id(n) for n in nodes}
+    frontier = list(nodes)
+    while frontier:
+        node = frontier.pop()
+        for d in node._downstream_nodes:
+            if id(d) in inside or not isinstance(d, (ClassMethodNode, FunctionNode)) or _only_next(d, node):
+                continue
+            if isinstance(d, ClassMethodNode) and d.is_class_method_output:
+                inside.add(id(d))  # an unused return value is fine, its readers are not
+                frontier.append(d)
+                continue
+            raise validate.dead_call(describe(d, 0), describe(d))
+
+
+def _only_next(call: DAGNode, node: DAGNode) -> bool:
+    """``call`` follows ``node`` on a ClassNode actor without reading its value."""
+    if getattr(call, "_prev_class_method_call", None) is not node:
+        return False
+    return not _contains([*call.get_args(), *call.get_kwargs().values()], lambda v: v is node)
+
+
+# --------------------------------------------------------------------------- ordering
+def _order(dfs: list[DAGNode]) -> list[DAGNode]:
+    """A topological order that follows creation order wherever Ray records it."""
+    rank = {id(n): i for i, n in enumerate(dfs)}
+    hard = [(rank[id(p)], rank[id(n)]) for n in dfs for p in _parents(n)]
+    chains: list[list[DAGNode]] = [list(n._downstream_nodes) for n in dfs]
+    by_parent: dict[int, list[ClassMethodNode]] = {}
+    for n in dfs:
+        if isinstance(n, ClassMethodNode) and n.is_class_method_call:
+            by_parent.setdefault(id(n._parent_class_node), []).append(n)
+    for calls in by_parent.values():
+        parent = calls[0]._parent_class_node
+        if isinstance(parent, ClassNode):
+            chains.append(list(parent._downstream_nodes))
+        else:  # one handle object: its bind indices are its creation order
+            chains.append(sorted(calls, key=lambda c: (c._get_bind_index() or 0, rank[id(c)])))
+    members = [dict.fromkeys(rank[id(c)] for c in chain if id(c) in rank) for chain in chains]
+    soft = [pair for chain in members for pair in itertools.pairwise(chain)]
+    depth = [0] * len(dfs)  # longest data path from a source; dfs is topological
+    for a, b in sorted(hard, key=lambda e: e[1]):
+        depth[b] = max(depth[b], depth[a] + 1)
+    key = lambda i: (depth[i], i)  # noqa: E731 - ties Ray leaves open: level, then dfs
+    order = _toposort(len(dfs), hard + soft, key) or _toposort(len(dfs), hard, key)
+    assert order is not None, "the data edges of a Ray DAG have no cycle"
+    return [dfs[i] for i in order]
+
+
+def _toposort(n: int, edges: list[tuple[int, int]], key: Any) -> list[int] | None:
+    """Topological order, smallest ``key`` first among ready nodes; ``None`` on a cycle."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((a, b) for a, b in edges if a != b)
+    try:
+        return list(nx.lexicographical_topological_sort(graph, key=key))
+    except nx.NetworkXUnfeasible:
+        return None
+
+
+# --------------------------------------------------------------------------- building
+class _Builder:
+    """Turns ordered Ray nodes into IR nodes, actors, constants and hints."""
+
+    def __init__(self, table: CommunicatorTable) -> None:
+        self.table = table
+        self.ids: dict[int, str] = {}
+        self.constants: list[Any] = []
+        self.actor_of: dict[Any, ActorId] = {}  # actor id (handle) or id(ClassNode) -> "a"
+        self.actors: list[Actor] = []
+        self.handles: dict[ActorId, Any] = {}
+        self.methods: dict[ActorId, tuple[str, ...]] = {}
+
+    def build(self, nodes: list[DAGNode], outputs: list[DAGNode], multi: bool) -> Graph:
+        ir = []
+        for i, node in enumerate(nodes):
+            self.ids[id(node)] = f"n{i}"
+            ir.append(self._node(node, f"n{i}"))
+        ir = _with_order(ir, nodes)
+        outs = tuple(self.ids[id(o)] for o in outputs)
+        return Graph(tuple(self.actors), tuple(ir), outs, multi, tuple(self.constants))
+
+    def _node(self, node: DAGNode, nid: str) -> Node:
+        hint = to_tensor_hint(node.type_hint, self.table)
+        if isinstance(node, RayInputNode):
+            return Node(nid, NodeKind.INPUT, hint=hint)
+        if isinstance(node, InputAttributeNode):
+            src = Ref(self.ids[id(node.get_other_args_to_resolve()["dag_input_node"])])
+            return Node(nid, NodeKind.INPUT_ATTR, args=(src,), key=node.key, hint=hint)
+        assert isinstance(node, ClassMethodNode), node
+        actor = self._actor(node._parent_class_node)
+        if node.is_class_method_output:
+            call = Ref(self.ids[id(node.class_method_call)])
+            return Node(nid, NodeKind.ITEM, actor=actor, args=(call,), key=node.output_idx, hint=hint)
+        args = tuple(self._arg(a) for a in node.get_args())
+        kwargs = tuple((k, self._arg(v)) for k, v in node.get_kwargs().items())
+        return Node(nid, NodeKind.CALL, actor=actor, method=node.get_method_name(), args=args,
+                    kwargs=kwargs, num_returns=_num_returns(node), hint=hint)
+
+    def _arg(self, value: Any) -> Arg:
+        if isinstance(value, DAGNode):
+            return Ref(self.ids[id(value)])
+        self.constants.append(value)
+        return Const(len(self.constants) - 1)
+
+    def _actor(self, parent: Any) -> ActorId:
+        key = parent._actor_id.hex() if isinstance(parent, ActorHandle) else id(parent)
+        if key not in self.actor_of:
+            aid = _actor_name(len(self.actors))
+            cls, gpus, methods = _actor_facts(parent)
+            self.actor_of[key] = aid
+            self.actors.append(Actor(aid, cls, gpus))
+            self.handles[aid] = parent
+            self.methods[aid] = methods
+        return self.actor_of[key]
+
+
+def _with_order(ir: list[Node], nodes: list[DAGNode]) -> list[Node]:
+    """Set ``order`` so each actor's calls sort as Ray runs them: by (bind index, position)."""
+    calls: dict[str, list[int]] = {}
+    for i, n in enumerate(ir):
+        if n.kind is NodeKind.CALL and n.actor is not None:
+            calls.setdefault(n.actor, []).append(i)
+    for positions in calls.values():
+        ray_order = sorted(positions, key=lambda i: (nodes[i]._get_bind_index() or 0, i))
+        for slot, i in zip(positions, ray_order, strict=True):
+            ir[i] = replace(ir[i], order=-1 if slot == i else slot)
+    return ir
+
+
+def _actor_name(i: int) -> ActorId:
+    """"a" ... "z", "aa", "ab", ...: short ids in first-use order."""
+    return chr(97 + i) if i < 26 else _actor_name(i // 26 - 1) + chr(97 + i % 26)
+
+
+def _num_returns(call: ClassMethodNode) -> int:
+    value = call.get_options().get("num_returns")
+    if value is None and isinstance(call._parent_class_node, ClassNode):
+        method = getattr(call._parent_class_node._body, call.get_method_name(), None)
+        value = getattr(method, "__ray_num_returns__", None)
+    if value is not None and not isinstance(value, int):
+        raise validate.generator_method(describe(call, 0), value, describe(call))
+    return 1 if value is None else value
+
+
+def _actor_facts(parent: Any) -> tuple[str, float, tuple[str, ...]]:
+    """Class name, GPUs and method names of an actor (ClassNode or live handle)."""
+    if isinstance(parent, ClassNode):
+        cls = parent._body
+        methods = tuple(n for n in dir(cls) if callable(getattr(cls, n, None)))
+        gpus = float(parent.get_options().get("num_gpus") or 0)
+        logger.debug("actor %s: gpus=%g from its ClassNode options", cls.__name__, gpus)
+        return cls.__name__, gpus, methods + _RAY_SPECIAL_METHODS
+    name = parent._ray_actor_creation_function_descriptor.class_name
+    methods = tuple(parent._ray_method_signatures) + _RAY_SPECIAL_METHODS
+    return name, _handle_gpus(parent, name), methods
+
+
+def _handle_gpus(handle: Any, name: str) -> float:
+    how, gpus = "Ray is not connected", 0.0
+    if ray.is_initialized():
+        try:  # a private API: degrade to 0 rather than fail the compile
+            from ray._private.state import state
+            from ray.core.generated import gcs_pb2
+
+            info = state._connect_and_get_accessor().get_actor_info(handle._actor_id)
+            table = gcs_pb2.ActorTableData.FromString(info)  # type: ignore[attr-defined]
+            gpus = float(table.required_resources.get("GPU", 0.0))
+            how = "the GCS actor table"
+        except Exception as e:  # noqa: BLE001
+            how = f"the GCS actor table is unreadable: {e}"
+    logger.debug("actor %s: gpus=%g (%s)", name, gpus, how)
+    return gpus
+
+
+# --------------------------------------------------------------------------- text
+def describe(node: Any, depth: int = 1) -> str:
+    """A short Ray-side text of a node (argument nodes ``depth`` levels deep), for errors."""
+    if isinstance(node, RayInputNode):
+        return "inp"
+    if isinstance(node, InputAttributeNode):
+        key = node.key
+        return f"inp.{key}" if isinstance(key, str) and key.isidentifier() else f"inp[{key!r}]"
+    if isinstance(node, ClassMethodNode) and node.is_class_method_output:
+        return f"{describe(node.class_method_call, depth)}[{node.output_idx}]"
+    if isinstance(node, ClassMethodNode):
+        parent: Any = node._parent_class_node
+        cls = (parent._body.__name__ if isinstance(parent, ClassNode)
+               else parent._ray_actor_creation_function_descriptor.class_name)
+        name = f"{cls}.{node.get_method_name()}"
+    elif isinstance(node, (FunctionNode, ClassNode)):
+        name = getattr(node._body, "__name__", "function") + (".bind" if isinstance(node, ClassNode) else "")
+    elif isinstance(node, RayMultiOutputNode):
+        name = "MultiOutputNode"
+    else:
+        return type(node).__name__
+    if depth < 0:
+        return f"{name}(...)"
+    args = [_arg_text(a, depth) for a in node.get_args()]
+    text = ", ".join(args + [f"{k}={_arg_text(v, depth)}" for k, v in node.get_kwargs().items()])
+    return f"{name}([{text}])" if isinstance(node, RayMultiOutputNode) else f"{name}({text})"
+
+
+def _arg_text(value: Any, depth: int) -> str:
+    if isinstance(value, DAGNode):
+        return describe(value, depth - 1)
+    return f"{type(value).__name__}(...nodes...)" if _holds_node(value) else _short(value)
+
+
+def _short(value: Any, limit: int = 30) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def uses_cgraph_input(root: Any) -> bool:
+    """Whether the DAG under ``root`` reads cgraph's ``InputNode`` (for Ray's compile hook)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or not isinstance(node, DAGNode):
+            continue
+        seen.add(id(node))
+        if getattr(type(node), "_cgraph_input", False):
+            return True
+        prev = node._prev_class_method_call if isinstance(node, ClassMethodNode) else None
+        stack.extend(u for u in node._upstream_nodes if u is not prev and not isinstance(u, ClassNode))
+    return False

@@ -1,0 +1,124 @@
+"""``experimental_compile`` goes to cgraph for cgraph DAGs and to Ray for plain Ray DAGs.
+
+Neither compiler really runs here: cgraph's ``compile`` and Ray's
+``build_compiled_dag_from_ray_dag`` are replaced by recorders, so the tests
+check only where each call goes and with which options.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import ray.dag.dag_node as ray_dag_node
+from ray.dag import DAGNode
+from ray.dag import InputNode as RayInputNode
+from ray.dag import MultiOutputNode as RayMultiOutputNode
+from ray.experimental.channel.cpu_communicator import CPUCommunicator
+
+import cgraph.compiler
+from cgraph import InputNode, MultiOutputNode
+from cgraph.dag import compile_with_ray_options
+from cgraph.dag.nodes import install_ray_hooks
+
+
+@ray.remote
+class Worker:
+    def f(self, x):
+        return x
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Record which compiler each call reaches, instead of compiling."""
+    seen: list[tuple[str, object, dict]] = []
+
+    def cgraph_compile(dag, **options):
+        seen.append(("cgraph", dag, options))
+        return "cgraph-compiled"
+
+    def ray_compile(dag, *args):
+        seen.append(("ray", dag, {"args": args}))
+        return "ray-compiled"
+
+    monkeypatch.setattr(cgraph.compiler, "compile", cgraph_compile)
+    monkeypatch.setattr(ray_dag_node, "build_compiled_dag_from_ray_dag", ray_compile)
+    yield seen
+    assert not ray.is_initialized(), "a unit test started Ray"
+
+
+def test_cgraph_multi_output_node_compiles_with_cgraph(calls):
+    with InputNode() as inp:
+        dag = MultiOutputNode([Worker.bind().f.bind(inp)])
+    assert dag.experimental_compile(_overlap_gpu_communication=True) == "cgraph-compiled"
+    assert calls == [("cgraph", dag, {"enable_asyncio": False, "overlap_gpu_communication": True})]
+
+
+def test_single_output_on_cgraph_input_node_compiles_with_cgraph(calls):
+    # the root is Ray's own ClassMethodNode: the hook on Ray's method routes it
+    with InputNode() as inp:
+        dag = Worker.bind().f.bind(inp)
+    assert type(dag).experimental_compile is DAGNode.experimental_compile
+    assert dag.experimental_compile() == "cgraph-compiled"
+    assert [c[0] for c in calls] == ["cgraph"]
+    assert not dag.is_cgraph_output_node  # Ray's compile-once flag is left alone
+
+
+def test_ray_multi_output_node_on_cgraph_input_compiles_with_cgraph(calls):
+    with InputNode() as inp:
+        dag = RayMultiOutputNode([Worker.bind().f.bind(inp)])
+    dag.experimental_compile()
+    assert [c[0] for c in calls] == ["cgraph"]
+
+
+def test_plain_ray_dag_still_compiles_with_ray(calls):
+    with RayInputNode() as inp:
+        single = Worker.bind().f.bind(inp)
+    with RayInputNode() as inp:
+        multi = RayMultiOutputNode([Worker.bind().f.bind(inp[0])])
+    assert single.experimental_compile(_max_inflight_executions=3) == "ray-compiled"
+    assert multi.experimental_compile() == "ray-compiled"
+    assert [c[0] for c in calls] == ["ray", "ray"]
+    # Ray got its own arguments, in its own positional order
+    args = calls[0][2]["args"]
+    assert (args[2], args[3], args[-1]) == (False, 3, "create")
+    assert single.is_cgraph_output_node
+
+
+def test_rays_keyword_names_map_to_cgraph_options(calls):
+    comm = CPUCommunicator(2, [])
+    with InputNode() as inp:
+        dag = MultiOutputNode([Worker.bind().f.bind(inp)])
+    dag.experimental_compile(
+        _submit_timeout=-1,
+        _buffer_size_bytes=4096,
+        enable_asyncio=True,
+        _max_inflight_executions=2,
+        _max_buffered_results=7,
+        _overlap_gpu_communication=False,
+        _default_communicator=comm,
+    )
+    assert calls[0][2] == {
+        "submit_timeout": None,  # Ray's -1: wait forever
+        "buffer_size_bytes": 4096,
+        "enable_asyncio": True,
+        "max_inflight_executions": 2,
+        "overlap_gpu_communication": False,
+        "default_communicator": comm,
+    }
+
+
+def test_rays_defaults_become_cgraphs_defaults(calls):
+    with InputNode() as inp:
+        dag = Worker.bind().f.bind(inp)
+    compile_with_ray_options(dag, 5.0, None, False, None, None, None, "create")
+    assert calls[0][2] == {"enable_asyncio": False, "submit_timeout": 5.0}
+
+
+def test_hooks_install_once_and_keep_rays_method():
+    before = DAGNode.experimental_compile
+    install_ray_hooks()
+    install_ray_hooks()
+    assert DAGNode.experimental_compile is before
+    assert before.__wrapped__ is not before
+    assert before.__wrapped__.__qualname__ == "DAGNode.experimental_compile"
+    assert callable(DAGNode.with_type_hint)
