@@ -43,11 +43,12 @@ from cgraph.errors import (
 )
 
 if TYPE_CHECKING:
-    from cgraph.compiler import compile
+    from cgraph.compiler import compile, plan
     from cgraph.dag import InputNode, MultiOutputNode, TorchTensorType, with_type_hint
 
 _LAZY = {
     "compile": "cgraph.compiler",
+    "plan": "cgraph.compiler",
     "InputNode": "cgraph.dag",
     "MultiOutputNode": "cgraph.dag",
     "TorchTensorType": "cgraph.dag",
@@ -92,5 +93,6 @@ __all__ = [
     "UnknownMethodError",
     "UnusedInputError",
     "compile",
+    "plan",
     "with_type_hint",
 ]

@@ -22,7 +22,7 @@ switches, read here and nowhere deeper:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,12 +87,13 @@ class CompiledPlan:
         return visualize.render(visualize.schedule_to_dot(self.schedule, before), path, format=format)
 
 
-def plan(
+def plan_dag(
     dag: Any,
     *,
     overlap: bool = False,
     default_communicator: Any = None,
     check: bool = True,
+    locate: Any = None,
 ) -> tuple[FrontEnd, Any]:
     """Read and check ``dag``, then run the scheduler's pass pipeline on it.
 
@@ -103,6 +104,8 @@ def plan(
             serve themselves: a name (``"cpu"``, ``"nccl"``) or a communicator
             object, registered as ``custom:<Class>`` like per-edge ones.
         check: verify the schedule after each pass and look for deadlocks.
+        locate: optional ``f(front) -> Graph`` run before planning (the runtime
+            fills in which Ray node each actor lives on).
 
     Returns:
         ``(front_end, planned)``: the live objects, and the scheduler's ``Planned``.
@@ -117,6 +120,8 @@ def plan(
     table = CommunicatorTable()
     default = _communicator_name(default_communicator, table)
     front = read_dag(dag, communicators=table)
+    if locate is not None:
+        front = replace(front, graph=locate(front))
     dump = _log_pass if os.environ.get(DEBUG_ENV, "") not in ("", "0") else None
     if dump is not None:
         _log_pass("read_dag", front.graph)
@@ -126,7 +131,7 @@ def plan(
     return front, planned
 
 
-def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
+def plan(
     dag: Any,
     *,
     overlap_gpu_communication: bool = False,
@@ -137,7 +142,11 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     enable_asyncio: bool = False,
     default_communicator: Any = None,
 ) -> CompiledPlan:
-    """Compile a Ray DAG with cgraph.
+    """Plan a Ray DAG without running it: the IR, channels and schedule.
+
+    Works on DAGs of live actor handles and of unstarted ``Worker.bind()``
+    ClassNodes alike, and needs no Ray cluster: use it to inspect, test or draw
+    a schedule. ``compile`` plans the same way and then launches the graph.
 
     Args:
         dag: the root of a Ray DAG: a ``MultiOutputNode`` or one bound call.
@@ -169,13 +178,73 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         enable_asyncio=enable_asyncio,
         default_communicator=default_communicator,
     )
-    front, planned = plan(
+    front, planned = plan_dag(
         dag, overlap=overlap_gpu_communication, default_communicator=default_communicator
     )
     compiled = CompiledPlan(front, planned, options)
     if os.environ.get(VISUALIZE_ENV, "") not in ("", "0"):
         compiled.visualize()  # logs the file it wrote
     return compiled
+
+
+def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
+    dag: Any,
+    *,
+    overlap_gpu_communication: bool = False,
+    max_inflight_executions: int = 10,
+    buffer_size_bytes: int = 1 << 20,
+    submit_timeout: float | None = 10.0,
+    get_timeout: float | None = None,
+    enable_asyncio: bool = False,
+    default_communicator: Any = None,
+) -> Any:
+    """Compile a Ray DAG of live actors with cgraph and start it.
+
+    Args:
+        dag: the root of a Ray DAG over actor handles: a ``MultiOutputNode`` or
+            one bound call.
+        overlap_gpu_communication: reorder communicator receives to overlap compute.
+        max_inflight_executions: executions submitted and not yet read, at most.
+        buffer_size_bytes: initial size of each shared-memory slot (grows once
+            when a larger value comes).
+        submit_timeout: seconds ``execute`` may wait for room (``None``: forever).
+        get_timeout: default seconds ``get`` waits (``None``: forever).
+        enable_asyncio: prepare ``execute_async``.
+        default_communicator: a name (``"cpu"``) or communicator object for
+            communicator edges the actors cannot serve themselves.
+
+    Returns:
+        A ``cgraph.runtime.CompiledGraph``: ``execute``, ``execute_async``,
+        ``visualize``, ``teardown``.
+
+    Raises:
+        DAGValidationError: (or a subclass) the DAG breaks a front-end rule.
+        TransportError: an edge asks for a transport its actors cannot use.
+        DeadlockError: the bound order can never run.
+        CompileError: the DAG's actors are not started (``Worker.bind()``), or
+            one of them already runs another live compiled graph.
+        ValueError: an option is out of range.
+    """
+    from cgraph.runtime.launch import launch, locate_actors
+
+    options = CompileOptions(
+        overlap_gpu_communication=overlap_gpu_communication,
+        max_inflight_executions=max_inflight_executions,
+        buffer_size_bytes=buffer_size_bytes,
+        submit_timeout=submit_timeout,
+        get_timeout=get_timeout,
+        enable_asyncio=enable_asyncio,
+        default_communicator=default_communicator,
+    )
+    front, planned = plan_dag(
+        dag,
+        overlap=overlap_gpu_communication,
+        default_communicator=default_communicator,
+        locate=locate_actors,
+    )
+    if os.environ.get(VISUALIZE_ENV, "") not in ("", "0"):
+        CompiledPlan(front, planned, options).visualize()  # logs the file it wrote
+    return launch(front, planned, options)
 
 
 def _communicator_name(communicator: Any, table: CommunicatorTable) -> str | None:

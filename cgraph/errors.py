@@ -97,6 +97,10 @@ class GraphTornDownError(RuntimeGraphError):
     """The compiled graph was torn down (explicitly, or after a fatal failure)."""
 
 
+class ExecuteArgumentError(CGraphError, TypeError):
+    """``execute()`` was called with arguments the DAG cannot take; nothing was submitted."""
+
+
 class CapacityError(RuntimeGraphError):
     """More unread executions than ``max_inflight_executions`` allows."""
 
@@ -161,23 +165,45 @@ class TaskError(RuntimeGraphError):
             f"{type(cause).__name__} in {actor}.{method} "
             f"(execution {execution_index}): {cause}"
         )
-        kwargs = dict(
+        cause_type = type(cause)
+        if cause_type is not cls and not issubclass(cause_type, TaskError):
+            try:
+                dual = _dual_type(cls, cause_type)
+                err: TaskError = dual.__new__(dual)
+            except TypeError:
+                pass  # layout conflict (e.g. OSError subclasses): a plain TaskError
+            else:
+                TaskError.__init__(
+                    err,
+                    message,
+                    actor=actor,
+                    method=method,
+                    execution_index=execution_index,
+                    traceback_str=traceback_str,
+                    cause=cause,
+                )
+                return err
+        return cls(
+            message,
             actor=actor,
             method=method,
             execution_index=execution_index,
             traceback_str=traceback_str,
             cause=cause,
         )
-        cause_type = type(cause)
-        if cause_type is not cls and not issubclass(cause_type, TaskError):
-            try:
-                dual = type(f"TaskError({cause_type.__name__})", (cls, cause_type), {})
-                err = dual.__new__(dual)
-                TaskError.__init__(err, message, **kwargs)  # type: ignore[arg-type]
-                return err
-            except TypeError:
-                pass  # layout conflict (e.g. OSError subclasses): plain TaskError
-        return cls(message, **kwargs)  # type: ignore[arg-type]
+
+
+_DUAL_TYPES: dict[tuple[type, type], type] = {}
+
+
+def _dual_type(cls: type[TaskError], cause_type: type[BaseException]) -> type[TaskError]:
+    """``TaskError(ValueError)``: a subclass of both, made once per cause type."""
+    key = (cls, cause_type)
+    dual = _DUAL_TYPES.get(key)
+    if dual is None:
+        dual = type(f"TaskError({cause_type.__name__})", (cls, cause_type), {})
+        _DUAL_TYPES[key] = dual
+    return dual
 
 
 def _rebuild_task_error(

@@ -153,7 +153,7 @@ def format_grid(
         b    | b.RECV1<a ...
     """
     marks = marks or {}
-    width = max((len(str(op)) for ops in schedule.values() for op in ops), default=4) + 2
+    width = max((len(str(op)) for ops in schedule.values() for op in ops), default=4) + 3
     name_w = max([4, *(len(a) for a in schedule)])
     steps = max((len(ops) for ops in schedule.values()), default=0)
     head = f"{'step':<{name_w}} |" + "|".join(f" {i:<{width - 1}}" for i in range(steps))

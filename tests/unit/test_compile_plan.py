@@ -20,7 +20,7 @@ from ray.experimental.channel.cpu_communicator import CPUCommunicator
 import cgraph
 from cgraph import DeadlockError, InputNode, TransportError
 from cgraph._log import logger as cgraph_logger
-from cgraph.compiler import CompiledPlan, plan
+from cgraph.compiler import CompiledPlan, plan_dag as plan
 from cgraph.dag import FrontEnd
 from cgraph.ir import format_graph
 from cgraph.scheduler import Planned, format_schedule
@@ -65,7 +65,7 @@ SEED_AFTER = (
 
 
 def test_seed_compiles_with_overlap():
-    compiled = cgraph.compile(build_seed_dag(), overlap_gpu_communication=True)
+    compiled = cgraph.plan(build_seed_dag(), overlap_gpu_communication=True)
     assert isinstance(compiled, CompiledPlan)
     assert format_graph(compiled.graph) == SEED_IR
     assert format_schedule(compiled.planned.before_overlap) == SEED_BEFORE
@@ -74,14 +74,19 @@ def test_seed_compiles_with_overlap():
     assert compiled.options.overlap_gpu_communication
 
 
-def test_seed_compiles_without_overlap_through_experimental_compile():
-    compiled = build_seed_dag().experimental_compile(_overlap_gpu_communication=False)
+def test_seed_plans_without_overlap():
+    compiled = cgraph.plan(build_seed_dag(), overlap_gpu_communication=False)
     assert format_schedule(compiled.schedule) == SEED_BEFORE
     assert compiled.planned.before_overlap is None
 
 
+def test_experimental_compile_needs_live_actors():
+    with pytest.raises(cgraph.CompileError, match=r"not started.*cgraph\.plan\(dag\)"):
+        build_seed_dag().experimental_compile(_overlap_gpu_communication=False)
+
+
 def test_text_shows_graph_channels_and_schedule():
-    text = cgraph.compile(build_seed_dag(), overlap_gpu_communication=True).text()
+    text = cgraph.plan(build_seed_dag(), overlap_gpu_communication=True).text()
     assert text.startswith(SEED_IR)
     assert "# channels\nn0.shm = shm driver -> a,b,c via shm" in text
     assert "n1>d.comm = comm a -> d via nccl" in text
@@ -99,7 +104,7 @@ def test_plan_is_the_seam_for_the_runtime():
 # --------------------------------------------------------------------------- transports
 def test_nccl_between_actors_without_gpus_is_a_transport_error():
     with pytest.raises(TransportError) as err:
-        cgraph.compile(nccl_pair_without_gpus())
+        cgraph.plan(nccl_pair_without_gpus())
     message = str(err.value)
     assert "n1 = a.f(n0) :nccl -> n2 = b.g(n1)" in message
     assert "a (Worker, gpus=0) and b (Worker, gpus=0)" in message
@@ -107,13 +112,13 @@ def test_nccl_between_actors_without_gpus_is_a_transport_error():
 
 
 def test_a_default_cpu_communicator_serves_nccl_edges_without_gpus():
-    compiled = cgraph.compile(nccl_pair_without_gpus(), default_communicator="cpu")
+    compiled = cgraph.plan(nccl_pair_without_gpus(), default_communicator="cpu")
     assert "n1>b.comm = comm a -> b via cpu :nccl" in str(compiled.plan)
 
 
 def test_a_default_communicator_object_is_registered_like_per_edge_ones():
     comm = CPUCommunicator(2, [])
-    compiled = cgraph.compile(nccl_pair_without_gpus(), default_communicator=comm)
+    compiled = cgraph.plan(nccl_pair_without_gpus(), default_communicator=comm)
     assert dict(compiled.front.communicators) == {"custom:CPUCommunicator": comm}
     assert "via custom:CPUCommunicator" in str(compiled.plan)
     assert compiled.options.default_communicator is comm
@@ -128,7 +133,7 @@ def test_bind_order_that_never_runs_is_a_deadlock_error():
     with InputNode() as inp:
         dag = h1.f.bind(h2.g.bind(h2.g.bind(inp)))
     with pytest.raises(DeadlockError) as err:
-        cgraph.compile(dag)
+        cgraph.plan(dag)
     message = str(err.value)
     assert "wait-for cycle" in message
     assert "n3 = a.f(n2) order=2" in message
@@ -139,11 +144,11 @@ def test_bind_order_that_never_runs_is_a_deadlock_error():
 # --------------------------------------------------------------------------- options
 def test_options_are_checked():
     with pytest.raises(ValueError, match="max_inflight_executions must be >= 1"):
-        cgraph.compile(build_seed_dag(), max_inflight_executions=0)
+        cgraph.plan(build_seed_dag(), max_inflight_executions=0)
 
 
 def test_options_are_kept_for_the_runtime():
-    compiled = cgraph.compile(
+    compiled = cgraph.plan(
         build_seed_dag(), max_inflight_executions=3, buffer_size_bytes=4096, submit_timeout=None
     )
     assert (compiled.options.max_inflight_executions, compiled.options.buffer_size_bytes) == (3, 4096)
@@ -154,7 +159,7 @@ def test_options_are_kept_for_the_runtime():
 def test_cgraph_debug_logs_each_pass(monkeypatch, caplog):
     monkeypatch.setenv("CGRAPH_DEBUG", "1")
     caplog.set_level(logging.INFO)
-    cgraph.compile(build_seed_dag(), overlap_gpu_communication=True)
+    cgraph.plan(build_seed_dag(), overlap_gpu_communication=True)
     messages = [r.getMessage() for r in caplog.records if r.name == "cgraph"]
     heads = [m.split("\n", 1)[0] for m in messages]
     assert heads == ["after read_dag:", "after plan_channels:", "after lower:", "after overlap:"]
@@ -163,7 +168,7 @@ def test_cgraph_debug_logs_each_pass(monkeypatch, caplog):
 
 def test_no_debug_output_by_default(caplog):
     caplog.set_level(logging.DEBUG, logger="cgraph")
-    cgraph.compile(build_seed_dag())
+    cgraph.plan(build_seed_dag())
     assert not [r for r in caplog.records if r.getMessage().startswith("after ")]
 
 
@@ -171,7 +176,7 @@ def test_visualize_switch_writes_the_schedule_picture(monkeypatch, tmp_path, cap
     monkeypatch.setenv("CGRAPH_VISUALIZE_SCHEDULE", "1")
     monkeypatch.setenv("CGRAPH_VISUALIZE_DIR", str(tmp_path))
     caplog.set_level(logging.INFO)
-    cgraph.compile(build_seed_dag(), overlap_gpu_communication=True)
+    cgraph.plan(build_seed_dag(), overlap_gpu_communication=True)
     (written,) = list(tmp_path.iterdir())
     assert written.name.startswith("schedule-001")
     assert str(written) in caplog.text
@@ -180,7 +185,7 @@ def test_visualize_switch_writes_the_schedule_picture(monkeypatch, tmp_path, cap
 
 
 def test_visualize_to_a_chosen_path(tmp_path):
-    compiled = cgraph.compile(build_seed_dag(), overlap_gpu_communication=True)
+    compiled = cgraph.plan(build_seed_dag(), overlap_gpu_communication=True)
     written = compiled.visualize(tmp_path / "seed.png")
     assert written.parent == tmp_path and written.stem == "seed" and written.exists()
 

@@ -1,0 +1,327 @@
+"""The driver side of a compiled graph: ``execute``, ``get``, ``teardown``.
+
+    execute(x) ──write (args, kwargs)──► input channel ──► actor loops ──► output channels
+        │                                                                    │
+        └── CompiledRef(i) ── get() ── reads executions in order ◄───────────┘
+                                      (earlier ones are buffered)
+
+Executions are numbered; output channels are read strictly in execution order,
+so reading execution 5 first buffers the results of 0..4. At most
+``max_inflight_executions`` executions may be submitted and not yet read;
+one more raises ``CapacityError`` instead of hanging. A failure anywhere (an
+actor death seen by the monitor, a teardown) closes every channel, which wakes
+every waiter on the driver and in every actor.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from cgraph.errors import (
+    CapacityError,
+    ChannelClosedError,
+    ChannelTimeoutError,
+    ExecuteArgumentError,
+    GraphTornDownError,
+    RuntimeGraphError,
+    TimeoutError,
+)
+from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.options import CompileOptions
+from cgraph.runtime.refs import CompiledFuture, CompiledRef
+
+_LIVE: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
+_IDS = itertools.count()
+
+
+@dataclass(frozen=True)
+class InputUsage:
+    """How the DAG reads ``execute``'s arguments, to check them at the call site."""
+
+    whole: bool  # the InputNode itself is an argument somewhere
+    positions: frozenset[int]
+    keys: frozenset[str]
+
+    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.whole and (len(args) != 1 or kwargs):
+            raise ExecuteArgumentError(
+                "this graph passes the InputNode itself to a method, so execute() takes "
+                f"exactly one positional argument; got {len(args)} positional and "
+                f"{len(kwargs)} keyword arguments. Use inp[i] / inp.key to read several."
+            )
+        need = max(self.positions, default=-1) + 1
+        if len(args) < need:
+            raise ExecuteArgumentError(
+                f"this graph reads inp[{need - 1}], so execute() needs at least {need} "
+                f"positional argument(s); got {len(args)}"
+            )
+        missing = sorted(self.keys - kwargs.keys())
+        if missing:
+            raise ExecuteArgumentError(
+                f"this graph reads inp.{missing[0]}, so execute() needs the keyword "
+                f"argument(s) {', '.join(missing)}; got {sorted(kwargs) or 'none'}"
+            )
+
+
+@dataclass
+class DriverEndpoints:
+    input_writer: Any  # writes (args, kwargs), or None when no actor reads the input
+    output_readers: dict[str, Any]  # output node -> reader
+    output_spec: tuple[tuple[str, Any], ...]  # per output position: ("node", id) | ("input", key)
+    resources: list[Any]  # channel resources to close and unlink at teardown
+
+
+class CompiledGraph:
+    """A compiled DAG, ready to execute many times. Build it with ``cgraph.compile``."""
+
+    def __init__(
+        self,
+        *,
+        graph: Any,
+        planned: Any,
+        options: CompileOptions,
+        endpoints: DriverEndpoints,
+        input_usage: InputUsage,
+        loops: dict[str, Any],
+        labels: dict[str, str],
+        multi_output: bool,
+        on_teardown: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.graph_id = next(_IDS)
+        self.graph = graph
+        self.planned = planned
+        self.options = options
+        self._ep = endpoints
+        self._input_usage = input_usage
+        self._loops = loops
+        self._labels = labels
+        self._multi_output = multi_output
+        self._on_teardown = on_teardown
+        self._lock = threading.RLock()
+        self._teardown_lock = threading.Lock()
+        self._torn_down = False
+        self._failure: RuntimeGraphError | None = None
+        self._submitted = 0
+        self._next_read = 0
+        self._partial: dict[str, Any] = {}
+        self._results: dict[int, Any] = {}
+        self._discarded: set[int] = set()
+        self._inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self._keeps_inputs = any(kind == "input" for kind, _ in endpoints.output_spec)
+        self._monitor: Any = None
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def schedule(self) -> Any:
+        return self.planned.schedule
+
+    def execute(self, *args: Any, **kwargs: Any) -> CompiledRef:
+        """Submit one execution; returns a ref to read its result from.
+
+        Raises:
+            cgraph.ExecuteArgumentError: the arguments do not match the DAG's InputNode use,
+                or cannot be serialized (the graph is not affected).
+            cgraph.CapacityError: ``max_inflight_executions`` results are already unread.
+            cgraph.TimeoutError: the input could not be submitted within ``submit_timeout``.
+            cgraph.GraphTornDownError: after ``teardown()``.
+        """
+        with self._lock:
+            self._check_usable()
+            self._input_usage.check(args, kwargs)
+            self._make_room()
+            if self._ep.input_writer is not None:
+                self._write_input(args, kwargs)
+            index = self._submitted
+            self._submitted += 1
+            if self._keeps_inputs:
+                self._inputs_kept[index] = (args, kwargs)
+            return CompiledRef(self, index)
+
+    async def execute_async(self, *args: Any, **kwargs: Any) -> CompiledFuture:
+        """``fut = await compiled.execute_async(x); result = await fut``."""
+        return CompiledFuture(self.execute(*args, **kwargs))
+
+    def visualize(self, path: str | None = None, *, format: str = "png") -> Any:
+        """Write the schedule picture (moved ops in red when overlap is on); returns its path."""
+        from cgraph.visualize import write_schedule_picture  # lazy: optional dependency
+
+        if path is None:
+            return write_schedule_picture(self.planned.schedule, self.planned.before_overlap, format=format)
+        from cgraph.visualize import render, schedule_to_dot
+
+        return render(schedule_to_dot(self.planned.schedule, self.planned.before_overlap), path, format=format)
+
+    def teardown(self, timeout: float = 10.0) -> None:
+        """Stop every actor loop and free every channel. Safe to call twice."""
+        with self._teardown_lock:
+            if self._torn_down:
+                return
+            self._torn_down = True
+        if self._monitor is not None:
+            self._monitor.stop()
+        for res in self._ep.resources:
+            _quietly(res.close)
+        if self._loops and ray.is_initialized():
+            try:
+                ray.wait(list(self._loops.values()), num_returns=len(self._loops), timeout=timeout)
+            except Exception:  # noqa: BLE001 - actors may already be gone
+                pass
+        for res in self._ep.resources:
+            _quietly(res.unlink)
+        _quietly(self._on_teardown)
+        _LIVE.discard(self)
+
+    @property
+    def is_torn_down(self) -> bool:
+        return self._torn_down
+
+    def __del__(self) -> None:
+        if not getattr(self, "_torn_down", True):
+            _quietly(lambda: self.teardown(timeout=2.0))
+
+    # ------------------------------------------------------------------ internals
+    def _start_monitor(self, monitor: Any) -> None:
+        self._monitor = monitor
+
+    def _fail(self, error: RuntimeGraphError) -> None:
+        """Called by the monitor: remember why, and wake every waiter."""
+        if self._failure is None:
+            self._failure = error
+        for res in self._ep.resources:
+            _quietly(res.close)
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._torn_down:
+            raise GraphTornDownError(
+                "this compiled graph was torn down; compile the DAG again to run it"
+            )
+
+    def _closed_error(self) -> RuntimeGraphError:
+        if self._failure is not None:
+            return self._failure
+        return GraphTornDownError("the compiled graph was torn down while waiting for a result")
+
+    def _make_room(self) -> None:
+        limit = self.options.max_inflight_executions
+        while self._submitted - self._next_read + len(self._results) >= limit:
+            if self._next_read < self._submitted and self._next_read in self._discarded:
+                self._read_next(deadline=_deadline(self.options.get_timeout))
+                continue
+            raise CapacityError(
+                f"{limit} executions are submitted and not yet read "
+                f"(max_inflight_executions={limit}); call get() on earlier refs first, "
+                "or compile with a larger max_inflight_executions"
+            )
+
+    def _write_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            self._ep.input_writer.write((args, kwargs), timeout=self.options.submit_timeout)
+        except ChannelTimeoutError:
+            raise TimeoutError(
+                f"could not submit within submit_timeout={self.options.submit_timeout}s: "
+                "the first actors are still busy with earlier executions"
+            ) from None
+        except ChannelClosedError:
+            raise self._closed_error() from None
+        except RuntimeGraphError:
+            raise
+        except Exception as exc:  # serialization failed before anything was written
+            raise ExecuteArgumentError(
+                f"execute() arguments cannot be sent to the actors: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _get_result(self, index: int, timeout: float | None) -> Any:
+        if timeout is None:
+            timeout = self.options.get_timeout
+        deadline = _deadline(timeout)
+        with self._lock:
+            if index in self._results:
+                return self._finish(self._results.pop(index))
+            if self._failure is not None:
+                raise self._failure
+            if self._torn_down:
+                raise GraphTornDownError("the compiled graph was torn down before this result was read")
+            while self._next_read <= index:
+                self._read_next(deadline)
+            return self._finish(self._results.pop(index))
+
+    def _discard_result(self, index: int) -> None:
+        if self._torn_down:
+            return
+        with self._lock:
+            if self._results.pop(index, None) is None and index >= self._next_read:
+                self._discarded.add(index)
+            self._inputs_kept.pop(index, None)
+
+    def _read_next(self, deadline: float | None) -> None:
+        """Read every output of execution ``_next_read`` (resuming after a timeout)."""
+        index = self._next_read
+        for node, reader in self._ep.output_readers.items():
+            if node in self._partial:
+                continue
+            try:
+                value = reader.read(timeout=_remaining(deadline))
+            except ChannelTimeoutError:
+                raise TimeoutError(
+                    f"execution {index} did not finish in time; the graph is still usable "
+                    "and the result can be read again"
+                ) from None
+            except ChannelClosedError:
+                raise self._closed_error() from None
+            reader.release()
+            self._partial[node] = value
+        values = [self._output_value(kind, what, index) for kind, what in self._ep.output_spec]
+        self._partial.clear()
+        self._inputs_kept.pop(index, None)
+        self._next_read += 1
+        if index in self._discarded:
+            self._discarded.discard(index)
+        else:
+            self._results[index] = values
+
+    def _output_value(self, kind: str, what: Any, index: int) -> Any:
+        if kind == "node":
+            return self._partial[what]
+        args, kwargs = self._inputs_kept.get(index, ((), {}))
+        if what is None:
+            return args[0]
+        return args[what] if isinstance(what, int) else kwargs[what]
+
+    def _finish(self, values: list[Any]) -> Any:
+        for value in values:
+            if isinstance(value, ErrorValue):
+                raise value.to_exception()
+        return values if self._multi_output else values[0]
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - best-effort cleanup
+        pass
+
+
+@atexit.register
+def _teardown_all() -> None:
+    for graph in list(_LIVE):
+        _quietly(lambda g=graph: g.teardown(timeout=2.0))

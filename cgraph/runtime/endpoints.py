@@ -1,0 +1,120 @@
+"""Where the runtime meets the channel package: one resource per ``ChannelSpec``.
+
+The driver creates every shared-memory channel (``create_channel``) and ships
+picklable endpoint handles to the actors, which ``open_reader``/``open_writer``
+them inside their loops. In-process channels have no driver-side resource: the
+actor creates them on first use, keyed by graph tag and channel id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cgraph.channels.intra_channel import IntraChannel, IntraHandle
+from cgraph.channels.shm_channel import ShmChannel
+from cgraph.errors import CompileError
+from cgraph.runtime.options import CompileOptions
+
+
+class _ShmResource:
+    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+        self.readers = tuple(spec.readers)
+        self.channel = ShmChannel.create(
+            tag,
+            spec.id,
+            num_readers=len(self.readers),
+            max_inflight=options.max_inflight_executions,
+            buffer_size=options.buffer_size_bytes,
+        )
+
+    def writer_handle(self) -> Any:
+        return self.channel.writer_handle()
+
+    def reader_handle(self, reader: str) -> Any:
+        return self.channel.reader_handle(self.readers.index(reader))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def unlink(self) -> None:
+        self.channel.unlink()
+
+
+class _IntraResource:
+    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+        self.key = f"{tag}:{spec.id}"
+        self.readers = tuple(spec.readers)
+        self.max_inflight = options.max_inflight_executions
+
+    def writer_handle(self) -> IntraHandle:
+        return IntraHandle(self.key, len(self.readers), self.max_inflight)
+
+    def reader_handle(self, reader: str) -> IntraHandle:
+        return IntraHandle(self.key, len(self.readers), self.max_inflight, self.readers.index(reader))
+
+    def close(self) -> None:
+        pass  # lives in the actor; its loop ends when the actor's other channels close
+
+    def unlink(self) -> None:
+        pass
+
+
+_RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource}
+
+
+def create_channel(spec: Any, *, tag: str, options: CompileOptions) -> Any:
+    """Allocate what one channel needs on the driver.
+
+    Raises:
+        CompileError: a transport this build cannot run yet.
+    """
+    factory = _RESOURCES.get(spec.kind.name)
+    if factory is None:
+        raise CompileError(
+            f"channel {spec.id} needs the {spec.kind.name.lower()} transport "
+            f"({spec.transport}), which this build of cgraph cannot run yet; "
+            "use transport='shm' (or 'auto') on that edge"
+        )
+    return factory(spec, tag, options)
+
+
+def open_reader(handle: Any, local: dict[str, Any] | None = None) -> Any:
+    return handle.attach()
+
+
+def open_writer(handle: Any, local: dict[str, Any] | None = None) -> Any:
+    return handle.attach()
+
+
+def forget_local(handles: list[Any]) -> None:
+    """Forget the in-process channels behind ``handles`` (at the end of an actor loop)."""
+    for h in handles:
+        if isinstance(h, IntraHandle):
+            IntraChannel.shared(h.key, h.num_readers, h.max_inflight).unlink()
+
+
+_SCALARS = (int, float, str, bytes, bool, type(None))
+
+
+class CopyingReader:
+    """A driver-side reader whose values outlive ``release()`` (copied out of the slot)."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    def read(self, timeout: float | None = None) -> Any:
+        value = self._reader.read(timeout)
+        if isinstance(value, _SCALARS):
+            return value
+        import pickle
+
+        return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def release(self) -> None:
+        self._reader.release()
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def detach(self) -> None:
+        self._reader.detach()

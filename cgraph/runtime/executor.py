@@ -1,0 +1,199 @@
+"""The actor side: one short loop per compiled graph.
+
+    for op in program.ops:            a.R0  a.C1  a.W1  a.R4  a.C5  a.W5
+        HANDLERS[op.kind](op, ctx)     │     │     │
+                                      read  run   write
+    ctx.end_execution()               release the slots read in this execution
+
+The loop runs on the actor (started through ``actor.__ray_call__``) until a
+channel it waits on is closed (teardown, or the driver noticed a failure), then
+returns. A user exception becomes an ``ErrorValue`` that flows downstream in
+place of the result; the loop itself never stops for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cgraph.errors import ChannelClosedError
+from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
+from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.program import ARG_CONST, ARG_INPUT, ARG_VALUE, ActorProgram, ArgSpec, ComputeSpec
+from cgraph.scheduler.ops import Op, OpKind
+
+
+class Pending:
+    """A value still in flight on the communication stream/thread.
+
+    Handlers of overlapped communicator ops store one in ``ctx.values``; the
+    first COMPUTE (or WRITE/SEND) that needs the value waits on it there and
+    replaces it with the result, so compute only waits when it must.
+    """
+
+    __slots__ = ("_wait",)
+
+    def __init__(self, wait: Callable[[], Any]) -> None:
+        self._wait = wait
+
+    def result(self) -> Any:
+        return self._wait()
+
+
+class Context:
+    """What the handlers share: the actor instance, channels and this execution's values."""
+
+    def __init__(self, instance: object, program: ActorProgram) -> None:
+        self.instance = instance
+        self.program = program
+        self.execution = 0
+        self.values: dict[str, Any] = {}
+        self.local: dict[str, Any] = {}  # intra-process channel objects, by channel id
+        self.readers = {node: open_reader(h, self.local) for node, h in program.readers.items()}
+        self.writers = {
+            node: tuple(open_writer(h, self.local) for h in hs) for node, hs in program.writers.items()
+        }
+        self.methods: dict[str, Callable[..., Any]] = {}
+        self.to_release: list[Any] = []
+        self.extra: dict[str, Any] = {}  # communicators and the like, set up by handlers
+        self.end_hooks: list[Callable[[], None]] = []  # run at the end of every execution
+        self.close_hooks: list[Callable[[], None]] = []  # run once when the loop ends
+
+    def method(self, name: str) -> Callable[..., Any]:
+        fn = self.methods.get(name)
+        if fn is None:
+            fn = self.methods[name] = getattr(self.instance, name)
+        return fn
+
+    def value(self, node: str) -> Any:
+        """The value of ``node`` in this execution, waiting for it if it is in flight."""
+        value = self.values[node]
+        if isinstance(value, Pending):
+            value = self.values[node] = value.result()
+        return value
+
+    def end_execution(self) -> None:
+        for node, value in list(self.values.items()):
+            if isinstance(value, Pending):  # e.g. a RECV nobody consumed: finish it
+                self.values[node] = value.result()
+        for hook in self.end_hooks:
+            hook()
+        for reader in self.to_release:
+            reader.release()
+        self.to_release.clear()
+        self.values.clear()
+        self.execution += 1
+
+    def close(self) -> None:
+        for hook in self.close_hooks:
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - closing; the loop is ending anyway
+                pass
+        for reader in self.readers.values():
+            reader.detach()
+        for writers in self.writers.values():
+            for writer in writers:
+                writer.detach()
+        handles = list(self.program.readers.values())
+        handles += [h for hs in self.program.writers.values() for h in hs]
+        forget_local(handles)
+
+
+def _resolve(spec: ArgSpec, ctx: Context) -> Any:
+    kind, what = spec
+    if kind == ARG_VALUE:
+        return ctx.value(what)
+    if kind == ARG_CONST:
+        return what
+    assert kind == ARG_INPUT
+    args, kwargs = ctx.value(ctx.program.input_node)  # type: ignore[arg-type]
+    if what is None:
+        return args[0]
+    return args[what] if isinstance(what, int) else kwargs[what]
+
+
+def _upstream_error(spec: ComputeSpec, ctx: Context) -> ErrorValue | None:
+    for kind, what in (*spec.args, *(s for _, s in spec.kwargs)):
+        value = ctx.value(what) if kind == ARG_VALUE else None
+        if isinstance(value, ErrorValue):
+            return value
+    return None
+
+
+def _run_method(spec: ComputeSpec, ctx: Context) -> Any:
+    error = _upstream_error(spec, ctx)
+    if error is not None:
+        return error
+    try:
+        args = [_resolve(s, ctx) for s in spec.args]
+        kwargs = {k: _resolve(s, ctx) for k, s in spec.kwargs}
+        result = ctx.method(spec.method)(*args, **kwargs)
+        if spec.num_returns > 1:
+            result = tuple(result)
+            if len(result) != spec.num_returns:
+                raise ValueError(
+                    f"{spec.method} was bound with num_returns={spec.num_returns} "
+                    f"but returned {len(result)} values"
+                )
+        return result
+    except Exception as exc:  # noqa: BLE001 - any user error travels downstream
+        return ErrorValue.capture(
+            exc,
+            actor=ctx.program.label,
+            method=spec.method,
+            execution_index=ctx.execution,
+        )
+
+
+def handle_read(op: Op, ctx: Context) -> None:
+    reader = ctx.readers[op.node]
+    ctx.values[op.node] = reader.read()
+    ctx.to_release.append(reader)
+
+
+def handle_compute(op: Op, ctx: Context) -> None:
+    spec = ctx.program.computes[op.node]
+    result = _run_method(spec, ctx)
+    if spec.num_returns == 1:
+        ctx.values[spec.node] = result
+        return
+    for index, item in enumerate(spec.items):
+        if item:
+            ctx.values[item] = result if isinstance(result, ErrorValue) else result[index]
+
+
+def handle_write(op: Op, ctx: Context) -> None:
+    value = ctx.value(op.node)
+    for writer in ctx.writers[op.node]:
+        writer.write(value)
+
+
+def _not_supported(op: Op, ctx: Context) -> None:
+    raise NotImplementedError(f"{op.kind.name} ops need a communicator (not available in this build)")
+
+
+HANDLERS: dict[OpKind, Callable[[Op, Context], None]] = {
+    OpKind.READ: handle_read,
+    OpKind.COMPUTE: handle_compute,
+    OpKind.WRITE: handle_write,
+    OpKind.SEND: _not_supported,
+    OpKind.RECV: _not_supported,
+    OpKind.COLLECTIVE: _not_supported,
+}
+
+
+def run_actor_loop(instance: object, program: ActorProgram) -> str:
+    """Run ``program`` until its channels close. Returns why it stopped."""
+    ctx = Context(instance, program)
+    handlers = HANDLERS
+    ops = program.ops
+    try:
+        while True:
+            for op in ops:
+                handlers[op.kind](op, ctx)
+            ctx.end_execution()
+    except ChannelClosedError:
+        return "closed"
+    finally:
+        ctx.close()

@@ -1,0 +1,185 @@
+"""Turn a planned schedule into running actor loops and a driver ``CompiledGraph``.
+
+1. allocate one channel resource per ``ChannelSpec`` (shared memory for SHM,
+   nothing for INTRA: those live inside the actor);
+2. build each actor's ``ActorProgram`` (its ops, compute specs, endpoint handles);
+3. start each loop with ``actor.__ray_call__`` and a monitor that watches them;
+4. hand the driver its input writer and output readers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import ray
+
+from cgraph.errors import CompileError
+from cgraph.ir import DRIVER, Graph, NodeKind
+from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints, InputUsage
+from cgraph.runtime.endpoints import CopyingReader, create_channel, open_reader, open_writer
+from cgraph.runtime.executor import run_actor_loop
+from cgraph.runtime.monitor import LoopMonitor
+from cgraph.runtime.options import CompileOptions
+from cgraph.runtime.program import ActorProgram, compute_spec
+from cgraph.scheduler.ops import OpKind
+
+_ACTORS_IN_USE: dict[str, int] = {}  # Ray actor id -> compiled graph id
+
+
+def _actor_key(handle: Any) -> str:
+    actor_id = getattr(handle, "_ray_actor_id", None)
+    return actor_id.hex() if actor_id is not None else str(id(handle))
+
+
+def input_usage(graph: Graph) -> InputUsage:
+    whole, positions, keys = False, set(), set()
+    for node in graph.nodes:
+        if node.kind is NodeKind.INPUT_ATTR:
+            (positions if isinstance(node.key, int) else keys).add(node.key)
+    consumers = graph.consumers()
+    inp = graph.input_node()
+    if inp is not None:
+        whole = any(graph.node(c).kind is not NodeKind.INPUT_ATTR for c in consumers[inp.id])
+        whole = whole or inp.id in graph.outputs
+    return InputUsage(whole, frozenset(positions), frozenset(keys))  # type: ignore[arg-type]
+
+
+def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
+    spec = []
+    for out in graph.outputs:
+        node = graph.node(out)
+        if node.kind is NodeKind.INPUT:
+            spec.append(("input", None))
+        elif node.kind is NodeKind.INPUT_ATTR:
+            spec.append(("input", node.key))
+        else:
+            spec.append(("node", out))
+    return tuple(spec)
+
+
+def _allocate(planned: Any, tag: str, options: CompileOptions) -> dict[str, Any]:
+    resources = {}
+    for spec in planned.plan.channels:
+        resources[spec.id] = create_channel(spec, tag=tag, options=options)
+    return resources
+
+
+def _program(actor: str, label: str, planned: Any, resources: dict[str, Any], tag: str) -> ActorProgram:
+    graph, plan = planned.graph, planned.plan
+    readers: dict[str, Any] = {}
+    writers: dict[str, tuple[Any, ...]] = {}
+    computes = {}
+    for op in planned.schedule[actor]:
+        if op.kind is OpKind.READ:
+            spec = plan.for_reader(op.node, actor)
+            readers[op.node] = resources[spec.id].reader_handle(actor)
+        elif op.kind is OpKind.WRITE:
+            writers[op.node] = tuple(
+                resources[s.id].writer_handle() for s in plan.for_node(op.node) if s.kind.name != "COMM"
+            )
+        elif op.kind is OpKind.COMPUTE:
+            computes[op.node] = compute_spec(graph.node(op.node), graph)
+    inp = graph.input_node()
+    return ActorProgram(
+        actor=actor,
+        label=label,
+        graph_tag=tag,
+        ops=planned.schedule[actor],
+        computes=computes,
+        readers=readers,
+        writers=writers,
+        input_node=inp.id if inp is not None else None,
+    )
+
+
+def _driver_endpoints(planned: Any, resources: dict[str, Any]) -> DriverEndpoints:
+    graph, plan = planned.graph, planned.plan
+    inp = graph.input_node()
+    writer = None
+    if inp is not None and plan.for_node(inp.id):
+        (spec,) = plan.for_node(inp.id)
+        writer = open_writer(resources[spec.id].writer_handle(), {})
+    readers = {}
+    for kind, node in _output_spec(graph):
+        if kind == "node" and node not in readers:
+            spec = plan.for_reader(node, DRIVER)
+            readers[node] = CopyingReader(open_reader(resources[spec.id].reader_handle(DRIVER)))
+    return DriverEndpoints(writer, readers, _output_spec(graph), list(resources.values()))
+
+
+def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
+    """Allocate channels, start the actor loops, and return the driver's graph object."""
+    graph: Graph = planned.graph
+    handles = front.handles
+    keys = {actor: _actor_key(handles[actor]) for actor in planned.schedule}
+    busy = [a for a, k in keys.items() if k in _ACTORS_IN_USE]
+    if busy:
+        raise CompileError(
+            f"actor(s) {', '.join(busy)} already run a live compiled graph; an actor runs one "
+            "compiled graph at a time: call teardown() on the other graph first"
+        )
+    tag = uuid.uuid4().hex[:8]
+    labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
+    resources = _allocate(planned, tag, options)
+    try:
+        programs = {a: _program(a, labels[a], planned, resources, tag) for a in planned.schedule}
+        endpoints = _driver_endpoints(planned, resources)
+    except Exception:
+        for res in resources.values():
+            res.unlink()
+        raise
+    loops = {
+        actor: handles[actor].__ray_call__.options(name=f"cgraph_loop_{tag}_{actor}").remote(
+            run_actor_loop, programs[actor]
+        )
+        for actor in planned.schedule
+    }
+
+    def release() -> None:
+        for key in keys.values():
+            _ACTORS_IN_USE.pop(key, None)
+
+    compiled = CompiledGraph(
+        graph=graph,
+        planned=planned,
+        options=options,
+        endpoints=endpoints,
+        input_usage=input_usage(graph),
+        loops=loops,
+        labels=labels,
+        multi_output=graph.multi_output,
+        on_teardown=release,
+    )
+    for key in keys.values():
+        _ACTORS_IN_USE[key] = compiled.graph_id
+    compiled._start_monitor(LoopMonitor(loops, labels, compiled._fail))
+    return compiled
+
+
+def locate_actors(front: Any) -> Graph:
+    """The front end's graph with ``Actor.host`` filled in ("" = the driver's node).
+
+    Raises:
+        CompileError: an actor of the DAG is not started (a ``Worker.bind()``
+            ClassNode) or Ray is not initialised.
+    """
+    from dataclasses import replace
+
+    graph: Graph = front.graph
+    unstarted = [a for a, h in front.handles.items() if not isinstance(h, ray.actor.ActorHandle)]
+    if unstarted:
+        raise CompileError(
+            f"actor(s) {', '.join(unstarted)} of this DAG are not started (bound with "
+            "Worker.bind()); compile needs live actors: create them with Worker.remote() "
+            "and bind their methods, or use cgraph.plan(dag) to inspect the schedule only"
+        )
+    refs = {a: h.__ray_call__.remote(_node_id) for a, h in front.handles.items()}
+    nodes = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    here = ray.get_runtime_context().get_node_id()
+    actors = tuple(replace(a, host="" if nodes[a.id] == here else nodes[a.id]) for a in graph.actors)
+    return replace(graph, actors=actors)
+
+
+def _node_id(_self: Any) -> str:
+    return ray.get_runtime_context().get_node_id()

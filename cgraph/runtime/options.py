@@ -1,0 +1,25 @@
+"""Compile options, with Ray's defaults where Ray has one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    overlap_gpu_communication: bool = False
+    max_inflight_executions: int = 10
+    buffer_size_bytes: int = 1 << 20
+    submit_timeout: float | None = 10.0
+    get_timeout: float | None = None
+    enable_asyncio: bool = False
+    default_communicator: Any = None
+
+    def __post_init__(self) -> None:
+        if self.max_inflight_executions < 1:
+            raise ValueError(
+                f"max_inflight_executions must be >= 1, got {self.max_inflight_executions}"
+            )
+        if self.buffer_size_bytes < 1:
+            raise ValueError(f"buffer_size_bytes must be >= 1, got {self.buffer_size_bytes}")

@@ -1,0 +1,80 @@
+"""Refs returned by ``CompiledGraph.execute``: read once with ``get()`` or ``ray.get``.
+
+``CompiledRef`` subclasses Ray's ``CompiledDAGRef`` so that ``ray.get(ref)`` and
+``ray.get([ref, ...])`` dispatch to ``ref.get()`` exactly as they do for Ray's own
+compiled refs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from ray.experimental.compiled_dag_ref import CompiledDAGRef
+
+from cgraph.errors import RefConsumedError
+
+if TYPE_CHECKING:
+    from cgraph.runtime.compiled_graph import CompiledGraph
+
+
+class CompiledRef(CompiledDAGRef):
+    """The result of one execution. ``get()`` may be called once."""
+
+    def __init__(self, graph: CompiledGraph, execution_index: int) -> None:  # noqa: D107
+        # Ray's __init__ expects its own CompiledDAG; set the fields we use directly.
+        self._graph = graph
+        self._execution_index = execution_index
+        self._consumed = False
+
+    @property
+    def execution_index(self) -> int:
+        return self._execution_index
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait for and return this execution's result (a list for MultiOutputNode).
+
+        Raises:
+            cgraph.TaskError: a method in the graph raised (original type preserved).
+            cgraph.TimeoutError: ``timeout`` expired; the ref can be read again later.
+            cgraph.ActorDiedError: an actor of the graph died.
+            cgraph.RefConsumedError: this ref was already read.
+        """
+        if self._consumed:
+            raise RefConsumedError(
+                f"the result of execution {self._execution_index} was already read; "
+                "a compiled ref can be read once (keep the value the first get() returned)"
+            )
+        value = self._graph._get_result(self._execution_index, timeout)
+        self._consumed = True
+        return value
+
+    def __str__(self) -> str:
+        return f"CompiledRef(graph={self._graph.graph_id}, execution={self._execution_index})"
+
+    __repr__ = __str__
+
+    def __copy__(self) -> CompiledRef:
+        raise ValueError("a CompiledRef cannot be copied")
+
+    def __deepcopy__(self, memo: Any) -> CompiledRef:
+        raise ValueError("a CompiledRef cannot be deep-copied")
+
+    def __reduce__(self) -> Any:
+        raise ValueError("a CompiledRef cannot be pickled or passed to another task")
+
+    def __del__(self) -> None:
+        graph = getattr(self, "_graph", None)
+        if graph is not None and not self._consumed:
+            graph._discard_result(self._execution_index)
+
+
+class CompiledFuture:
+    """An awaitable result, from ``await compiled.execute_async(...)``."""
+
+    def __init__(self, ref: CompiledRef) -> None:
+        self._ref = ref
+
+    def __await__(self) -> Any:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self._ref.get).__await__()

@@ -1,0 +1,79 @@
+"""Actor classes shared by the Ray tests."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import ray
+
+
+def in_cgraph_shm(arr) -> bool:
+    """True when the array's (or tensor's) memory lies inside one of cgraph's shm mappings."""
+    addr = arr.data_ptr() if hasattr(arr, "data_ptr") else arr.__array_interface__["data"][0]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/dev/shm/cgraph_" not in line:
+                continue
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return True
+    return False
+
+
+@ray.remote(num_cpus=0)
+class Worker:
+    def __init__(self, name: str = "w") -> None:
+        self.name = name
+        self.calls = 0
+
+    def getpid(self) -> int:
+        return os.getpid()
+
+    def echo(self, x):
+        return x
+
+    def inc(self, x, by=1):
+        self.calls += 1
+        return x + by
+
+    def add(self, *xs):
+        return sum(xs)
+
+    def mul(self, x, factor=2):
+        return x * factor
+
+    def tag(self, x):
+        return f"{self.name}({x})"
+
+    def split(self, x):
+        return x, x + 1
+
+    def fail_if(self, x, bad=-1):
+        if x == bad:
+            raise ValueError(f"bad input {x}")
+        return x
+
+    def sleep_then(self, x, seconds=0.0):
+        time.sleep(seconds)
+        return x
+
+    def die_if(self, x, bad=-1):
+        if x == bad:
+            os._exit(1)
+        return x
+
+    def zero_copy(self, arr):
+        return (in_cgraph_shm(arr), float(arr.sum()), arr.shape)
+
+    def tensor_info(self, t):
+        import torch
+
+        return (in_cgraph_shm(t), float(t.float().sum()), str(t.dtype), isinstance(t, torch.Tensor))
+
+    def nbytes(self, arr):
+        return int(arr.nbytes), float(arr[:16].sum()) if arr.size else 0.0
+
+    def make_array(self, n):
+        return np.arange(n, dtype=np.float64)

@@ -1,0 +1,183 @@
+"""Compiled graphs on a local CPU Ray cluster: shapes of DAGs and their values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+from ray.dag import InputNode, MultiOutputNode
+
+import cgraph
+from tests.ray.actors import Worker
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+@pytest.fixture
+def workers(ray_session):
+    made = []
+
+    def make(n, prefix="w"):
+        actors = [Worker.remote(f"{prefix}{i}") for i in range(n)]
+        made.extend(actors)
+        return actors
+
+    yield make
+    for actor in made:
+        ray.kill(actor)
+
+
+def run(dag, *inputs, **options):
+    compiled = cgraph.compile(dag, **options)
+    try:
+        return [compiled.execute(x).get(timeout=60) for x in inputs]
+    finally:
+        compiled.teardown()
+
+
+def test_echo(workers):
+    (a,) = workers(1)
+    with InputNode() as inp:
+        dag = a.echo.bind(inp)
+    assert run(dag, 1, "two", [3], {"four": 4}) == [1, "two", [3], {"four": 4}]
+
+
+def test_chain(workers):
+    a, b, c = workers(3)
+    with InputNode() as inp:
+        dag = c.inc.bind(b.inc.bind(a.inc.bind(inp)))
+    assert run(dag, 0, 10) == [3, 13]
+
+
+def test_fan_out_multi_output(workers):
+    a, b, c = workers(3)
+    with InputNode() as inp:
+        dag = MultiOutputNode([a.inc.bind(inp), b.mul.bind(inp), c.tag.bind(inp)])
+    assert run(dag, 5) == [[6, 10, "w2(5)"]]
+
+
+def test_fan_in(workers):
+    a, b, c, d = workers(4)
+    with InputNode() as inp:
+        dag = d.add.bind(a.inc.bind(inp), b.mul.bind(inp), c.echo.bind(inp))
+    assert run(dag, 3) == [4 + 6 + 3]
+
+
+def test_diamond(workers):
+    a, b, c, d = workers(4)
+    with InputNode() as inp:
+        x = a.inc.bind(inp)
+        dag = d.add.bind(b.mul.bind(x), c.inc.bind(x, by=10))
+    assert run(dag, 1, 2) == [2 * 2 + 12, 3 * 2 + 13]
+
+
+def test_same_actor_several_nodes(workers):
+    a, b = workers(2)
+    with InputNode() as inp:
+        x = a.inc.bind(inp)
+        y = b.mul.bind(x)
+        z = a.add.bind(x, y)  # a reads its own x (intra-process) and b's y
+        dag = MultiOutputNode([z, a.tag.bind(z)])
+    assert run(dag, 1) == [[2 + 4, "w0(6)"]]
+
+
+def test_input_attributes_and_kwargs(workers):
+    a, b = workers(2)
+    with InputNode() as inp:
+        x = a.add.bind(inp[0], inp[1])
+        dag = b.inc.bind(x, by=inp.step)
+    compiled = cgraph.compile(dag)
+    try:
+        assert compiled.execute(1, 2, step=100).get(timeout=60) == 103
+        assert compiled.execute(5, 5, step=0).get(timeout=60) == 10
+    finally:
+        compiled.teardown()
+
+
+def test_num_returns(workers):
+    a, b = workers(2)
+    with InputNode() as inp:
+        lo, hi = a.split.options(num_returns=2).bind(inp)
+        dag = MultiOutputNode([b.mul.bind(lo), b.inc.bind(hi), hi])
+    assert run(dag, 10) == [[20, 12, 11]]
+
+
+def test_numpy_zero_copy_and_larger_than_buffer(workers):
+    a, b = workers(2)
+    with InputNode() as inp:
+        dag = b.zero_copy.bind(a.echo.bind(inp))
+    small = np.ones(1000)
+    big = np.ones(3 << 20)  # 24 MiB, far above the 1 MiB initial buffer
+    compiled = cgraph.compile(dag, buffer_size_bytes=1 << 20)
+    try:
+        for arr in (small, big, small, big):
+            shm, total, shape = compiled.execute(arr).get(timeout=120)
+            assert shm, "the reader got a copy, not a view of shared memory"
+            assert total == arr.sum() and shape == arr.shape
+    finally:
+        compiled.teardown()
+
+
+def test_torch_zero_copy(workers):
+    torch = pytest.importorskip("torch")
+    a, b = workers(2)
+    with InputNode() as inp:
+        dag = b.tensor_info.bind(a.echo.bind(inp))
+    compiled = cgraph.compile(dag)
+    try:
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            t = torch.arange(1000).to(dtype)
+            shm, total, dt, is_tensor = compiled.execute(t).get(timeout=60)
+            assert shm and is_tensor and dt == str(dtype)
+            assert total == pytest.approx(float(t.float().sum()), rel=1e-2)
+    finally:
+        compiled.teardown()
+
+
+def test_thousand_executions(workers):
+    a, b = workers(2)
+    with InputNode() as inp:
+        dag = b.mul.bind(a.inc.bind(inp))
+    compiled = cgraph.compile(dag)
+    try:
+        for i in range(1000):
+            assert compiled.execute(i).get(timeout=60) == (i + 1) * 2
+    finally:
+        compiled.teardown()
+
+
+def test_pipelined_and_out_of_order(workers):
+    a, b = workers(2)
+    with InputNode() as inp:
+        dag = b.mul.bind(a.inc.bind(inp))
+    compiled = cgraph.compile(dag, max_inflight_executions=5)
+    try:
+        refs = [compiled.execute(i) for i in range(5)]
+        assert refs[4].get(timeout=60) == 10  # buffers 0..3
+        assert [r.get(timeout=60) for r in refs[:4]] == [2, 4, 6, 8]
+        refs = [compiled.execute(i) for i in range(5)]
+        assert ray.get(refs) == [2, 4, 6, 8, 10]
+    finally:
+        compiled.teardown()
+
+
+def test_ray_get_on_refs(workers):
+    (a,) = workers(1)
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+    compiled = cgraph.compile(dag)
+    try:
+        assert ray.get(compiled.execute(1)) == 2
+        assert ray.get([compiled.execute(2), compiled.execute(3)]) == [3, 4]
+    finally:
+        compiled.teardown()
+
+
+def test_recompile_same_actors(workers):
+    a, b = workers(2)
+    with InputNode() as inp:
+        dag = b.inc.bind(a.inc.bind(inp))
+    for _ in range(3):
+        assert run(dag, 1) == [3]
+    # the actors answer ordinary calls again after teardown
+    assert ray.get(a.inc.remote(1)) == 2

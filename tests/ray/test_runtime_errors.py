@@ -1,0 +1,144 @@
+"""Failures of compiled graphs: user errors, timeouts, capacity, deaths, teardown."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+from ray.dag import InputNode
+
+import cgraph
+from tests.ray.actors import Worker
+from tests.ray.conftest import cgraph_segments
+
+
+@pytest.fixture
+def pair(ray_session):
+    a, b = Worker.remote("a"), Worker.remote("b")
+    yield a, b
+    for actor in (a, b):
+        ray.kill(actor)
+
+
+def test_user_exception_becomes_task_error_and_graph_survives(pair, no_leaks):
+    a, b = pair
+    with InputNode() as inp:
+        dag = b.inc.bind(a.fail_if.bind(inp, bad=3))
+    compiled = cgraph.compile(dag)
+    try:
+        assert compiled.execute(1).get(timeout=60) == 2
+        with pytest.raises(cgraph.TaskError) as info:
+            compiled.execute(3).get(timeout=60)
+        err = info.value
+        assert isinstance(err, ValueError), "the original exception type is kept"
+        assert err.method == "fail_if" and "a" in err.actor and err.execution_index == 1
+        assert "bad input 3" in str(err) and "Traceback" in err.traceback_str
+        assert compiled.execute(4).get(timeout=60) == 5
+    finally:
+        compiled.teardown()
+
+
+def test_ref_read_twice(pair, no_leaks):
+    a, _ = pair
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+    compiled = cgraph.compile(dag)
+    try:
+        ref = compiled.execute(1)
+        assert ref.get(timeout=60) == 2
+        with pytest.raises(cgraph.RefConsumedError):
+            ref.get()
+    finally:
+        compiled.teardown()
+
+
+def test_capacity_error_instead_of_hang(pair, no_leaks):
+    a, _ = pair
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+    compiled = cgraph.compile(dag, max_inflight_executions=2)
+    try:
+        refs = [compiled.execute(1), compiled.execute(2)]
+        with pytest.raises(cgraph.CapacityError, match="max_inflight_executions"):
+            compiled.execute(3)
+        assert [r.get(timeout=60) for r in refs] == [2, 3]
+        assert compiled.execute(4).get(timeout=60) == 5
+    finally:
+        compiled.teardown()
+
+
+def test_get_timeout_then_result(pair, no_leaks):
+    a, _ = pair
+    with InputNode() as inp:
+        dag = a.sleep_then.bind(inp, seconds=1.5)
+    compiled = cgraph.compile(dag)
+    try:
+        ref = compiled.execute(7)
+        with pytest.raises(cgraph.TimeoutError):
+            ref.get(timeout=0.1)
+        assert ref.get(timeout=60) == 7
+        assert compiled.execute(8).get(timeout=60) == 8
+    finally:
+        compiled.teardown()
+
+
+def test_bad_execute_arguments_do_not_poison(pair, no_leaks):
+    a, _ = pair
+    with InputNode() as inp:
+        dag = a.add.bind(inp[0], inp[1])
+    compiled = cgraph.compile(dag)
+    try:
+        with pytest.raises(cgraph.ExecuteArgumentError, match="inp\\[1\\]"):
+            compiled.execute(1)
+        with pytest.raises(cgraph.ExecuteArgumentError, match="cannot be sent"):
+            compiled.execute(1, lambda: 0 if False else __import__("threading").Lock())  # noqa: B023
+        assert compiled.execute(1, 2).get(timeout=60) == 3
+    finally:
+        compiled.teardown()
+
+
+def test_execute_after_teardown(pair, no_leaks):
+    a, _ = pair
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+    compiled = cgraph.compile(dag)
+    compiled.teardown()
+    compiled.teardown()  # idempotent
+    with pytest.raises(cgraph.GraphTornDownError):
+        compiled.execute(1)
+
+
+def test_teardown_with_executions_in_flight_frees_everything(pair, no_leaks):
+    a, b = pair
+    with InputNode() as inp:
+        dag = b.inc.bind(a.sleep_then.bind(inp, seconds=0.2))
+    compiled = cgraph.compile(dag)
+    refs = [compiled.execute(i) for i in range(3)]
+    compiled.teardown()
+    with pytest.raises(cgraph.GraphTornDownError):
+        refs[2].get(timeout=10)
+    assert not cgraph_segments()
+
+
+def test_actor_death_raises_promptly(ray_session, no_leaks):
+    a, b = Worker.remote("a"), Worker.remote("b")
+    try:
+        with InputNode() as inp:
+            dag = b.inc.bind(a.die_if.bind(inp, bad=-1))
+        compiled = cgraph.compile(dag)
+        assert compiled.execute(1).get(timeout=60) == 2
+        start = time.monotonic()
+        ref = compiled.execute(-1)
+        with pytest.raises(cgraph.ActorDiedError) as info:
+            ref.get(timeout=30)
+        assert time.monotonic() - start < 15
+        assert "a (Worker)" in str(info.value)
+        with pytest.raises(cgraph.ActorDiedError):
+            compiled.execute(2)
+        compiled.teardown()
+        # the surviving actor's loop ended: it answers ordinary calls again
+        assert ray.get(b.inc.remote(1), timeout=30) == 2
+    finally:
+        ray.kill(a)
+        ray.kill(b)
