@@ -79,12 +79,19 @@ class CompiledPlan:
         Returns:
             The path written.
         """
-        from cgraph import visualize  # lazy: only when a picture is asked for
+        return draw_schedule(self.planned, path, format=format)
 
-        before = self.planned.before_overlap
-        if path is None:
-            return visualize.write_schedule_picture(self.schedule, before, format=format)
-        return visualize.render(visualize.schedule_to_dot(self.schedule, before), path, format=format)
+
+def draw_schedule(
+    planned: Any, path: str | os.PathLike[str] | None = None, *, format: str = "png"
+) -> Path:
+    """Render a planned schedule (ops moved by the overlap pass in red); returns the file."""
+    from cgraph import visualize  # lazy: only when a picture is asked for
+
+    before = planned.before_overlap
+    if path is None:
+        return visualize.write_schedule_picture(planned.schedule, before, format=format)
+    return visualize.render(visualize.schedule_to_dot(planned.schedule, before), path, format=format)
 
 
 def plan_dag(

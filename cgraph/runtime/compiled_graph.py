@@ -153,13 +153,9 @@ class CompiledGraph:
 
     def visualize(self, path: str | None = None, *, format: str = "png") -> Any:
         """Write the schedule picture (moved ops in red when overlap is on); returns its path."""
-        from cgraph.visualize import write_schedule_picture  # lazy: optional dependency
+        from cgraph.compiler import draw_schedule  # lazy: pictures are optional
 
-        if path is None:
-            return write_schedule_picture(self.planned.schedule, self.planned.before_overlap, format=format)
-        from cgraph.visualize import render, schedule_to_dot
-
-        return render(schedule_to_dot(self.planned.schedule, self.planned.before_overlap), path, format=format)
+        return draw_schedule(self.planned, path, format=format)
 
     def teardown(self, timeout: float = 10.0) -> None:
         """Stop every actor loop and free every channel. Safe to call twice."""
