@@ -16,6 +16,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+# Some machines list find-links folders that do not exist; pip warns per package.
+quiet_pip() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     echo "[setup] keeping installed torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
@@ -23,13 +25,13 @@ elif "$VENV/bin/python" -m pip download --disable-pip-version-check -q --no-inde
         -d "$VENV/.torch-probe" "torch==2.13.0" >/dev/null 2>&1; then
     # A local CPU wheel is in pip's find-links: pinning the version makes pip take it.
     rm -rf "$VENV/.torch-probe"
-    "${PIP[@]}" "torch==2.13.0"
+    quiet_pip "torch==2.13.0"
     echo "[setup] installed the local CPU build of torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
 else
     echo "[setup] no local CPU torch wheel; pip will resolve torch from PyPI"
 fi
 
-"${PIP[@]}" -e ".[dev]"
+quiet_pip -e ".[dev]"
 
 if ! command -v dot >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
