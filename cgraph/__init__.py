@@ -45,6 +45,7 @@ from cgraph.errors import (
 if TYPE_CHECKING:
     from cgraph.compiler import compile, plan
     from cgraph.dag import InputNode, MultiOutputNode, TorchTensorType, with_type_hint
+    from cgraph.runtime import CompiledGraph, CompiledRef
 
 _LAZY = {
     "compile": "cgraph.compiler",
@@ -53,6 +54,8 @@ _LAZY = {
     "MultiOutputNode": "cgraph.dag",
     "TorchTensorType": "cgraph.dag",
     "with_type_hint": "cgraph.dag",
+    "CompiledGraph": "cgraph.runtime",
+    "CompiledRef": "cgraph.runtime",
 }
 
 
@@ -72,6 +75,8 @@ __all__ = [
     "ChannelClosedError",
     "ChannelTimeoutError",
     "CompileError",
+    "CompiledGraph",
+    "CompiledRef",
     "DAGValidationError",
     "DeadlockError",
     "EmptyDAGError",

@@ -59,7 +59,26 @@ class _IntraResource:
         pass
 
 
-_RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource}
+class _CommResource:
+    """A COMM channel: its side channel and communicator group are made by ``communicators``."""
+
+    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+        self.id = spec.id
+
+    def writer_handle(self) -> Any:
+        raise CompileError(f"channel {self.id} goes through a communicator: SEND/RECV ops move it")
+
+    def reader_handle(self, reader: str) -> Any:
+        return self.writer_handle()
+
+    def close(self) -> None:
+        pass
+
+    def unlink(self) -> None:
+        pass
+
+
+_RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResource}
 
 
 def create_channel(spec: Any, *, tag: str, options: CompileOptions) -> Any:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cgraph.errors import ChannelClosedError
+from cgraph.runtime.comm_ops import handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.program import ARG_CONST, ARG_INPUT, ARG_VALUE, ActorProgram, ArgSpec, ComputeSpec
@@ -169,17 +170,13 @@ def handle_write(op: Op, ctx: Context) -> None:
         writer.write(value)
 
 
-def _not_supported(op: Op, ctx: Context) -> None:
-    raise NotImplementedError(f"{op.kind.name} ops need a communicator (not available in this build)")
-
-
 HANDLERS: dict[OpKind, Callable[[Op, Context], None]] = {
     OpKind.READ: handle_read,
     OpKind.COMPUTE: handle_compute,
     OpKind.WRITE: handle_write,
-    OpKind.SEND: _not_supported,
-    OpKind.RECV: _not_supported,
-    OpKind.COLLECTIVE: _not_supported,
+    OpKind.SEND: handle_send,
+    OpKind.RECV: handle_recv,
+    OpKind.COLLECTIVE: handle_collective,
 }
 
 

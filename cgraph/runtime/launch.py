@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import ray
 
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
+from cgraph.runtime.communicators import setup_communicators
 from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints, InputUsage
 from cgraph.runtime.endpoints import CopyingReader, create_channel, open_reader, open_writer
 from cgraph.runtime.executor import run_actor_loop
@@ -113,17 +115,17 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
     graph: Graph = planned.graph
     handles = front.handles
     keys = {actor: _actor_key(handles[actor]) for actor in planned.schedule}
-    busy = [a for a, k in keys.items() if k in _ACTORS_IN_USE]
-    if busy:
-        raise CompileError(
-            f"actor(s) {', '.join(busy)} already run a live compiled graph; an actor runs one "
-            "compiled graph at a time: call teardown() on the other graph first"
-        )
+    _check_free(keys)
     tag = uuid.uuid4().hex[:8]
     labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
     resources = _allocate(planned, tag, options)
     try:
-        programs = {a: _program(a, labels[a], planned, resources, tag) for a in planned.schedule}
+        comm = setup_communicators(front, planned, tag, options)  # groups + side channels
+        resources[f"{tag}.communicators"] = comm
+        programs = {
+            a: replace(_program(a, labels[a], planned, resources, tag), extra=comm.extra(a))
+            for a in planned.schedule
+        }
         endpoints = _driver_endpoints(planned, resources)
     except Exception:
         for res in resources.values():
@@ -157,6 +159,18 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
     return compiled
 
 
+def _check_free(keys: dict[str, str]) -> None:
+    busy = [a for a, k in keys.items() if k in _ACTORS_IN_USE]
+    if busy:
+        raise CompileError(
+            f"actor(s) {', '.join(busy)} already run a live compiled graph; an actor runs one "
+            "compiled graph at a time: call teardown() on the other graph first"
+        )
+
+
+LOCATE_TIMEOUT_S = 60.0
+
+
 def locate_actors(front: Any) -> Graph:
     """The front end's graph with ``Actor.host`` filled in ("" = the driver's node).
 
@@ -174,8 +188,17 @@ def locate_actors(front: Any) -> Graph:
             "Worker.bind()); compile needs live actors: create them with Worker.remote() "
             "and bind their methods, or use cgraph.plan(dag) to inspect the schedule only"
         )
+    _check_free({a: _actor_key(h) for a, h in front.handles.items()})
     refs = {a: h.__ray_call__.remote(_node_id) for a, h in front.handles.items()}
-    nodes = dict(zip(refs, ray.get(list(refs.values())), strict=True))
+    try:
+        found = ray.get(list(refs.values()), timeout=LOCATE_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise CompileError(
+            f"the actors of this DAG did not answer within {LOCATE_TIMEOUT_S:.0f} s; one of "
+            "them is busy (a long method call, or the loop of a compiled graph created by "
+            "another driver): wait for it or use other actors"
+        ) from None
+    nodes = dict(zip(refs, found, strict=True))
     here = ray.get_runtime_context().get_node_id()
     actors = tuple(replace(a, host="" if nodes[a.id] == here else nodes[a.id]) for a in graph.actors)
     return replace(graph, actors=actors)

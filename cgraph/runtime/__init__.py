@@ -1,0 +1,11 @@
+"""The runtime: the only layer that talks to Ray at execution time.
+
+``CompiledGraph`` (driver side) and ``run_actor_loop`` (actor side); see
+``launch.py`` for how a planned schedule becomes running loops.
+"""
+
+from cgraph.runtime.compiled_graph import CompiledGraph
+from cgraph.runtime.options import CompileOptions
+from cgraph.runtime.refs import CompiledFuture, CompiledRef
+
+__all__ = ["CompileOptions", "CompiledFuture", "CompiledGraph", "CompiledRef"]

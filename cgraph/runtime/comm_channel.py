@@ -1,0 +1,273 @@
+"""The communicator channel: one edge whose tensors travel through a ``Communicator``.
+
+Each COMM channel (``n3>b.comm``) has a writer end on the producing actor, a
+reader end on the consuming one, a communicator both belong to, and a
+shared-memory *side channel* for everything that is not tensor data::
+
+    writer (a)                                          reader (b)
+    value ─ encode: pickle with every torch.Tensor
+            replaced by its index (nested in lists,
+            dicts, tuples, dataclasses, any object)
+        side item  ──────── side channel (shm) ───────►  side item
+        tensors    ──────── communicator ─────────────►  recv into fresh buffers
+                                                          (shape, dtype from the item)
+                                                          decode: tensors back in place,
+                                                          moved to hint.device
+
+The side item of execution ``seq`` (``seq`` counts values on this edge):
+
+    edge hint                       value ok                          tensors sent
+    -                               Meta(seq, structure, specs)       all
+    _static_shape                   Meta(seq, structure, specs once)  all
+    _direct_return                  Meta(seq, -, specs)               the one tensor
+    _static_shape + _direct_return  Meta(seq, -, specs) once, then    the one tensor
+                                    nothing at all
+    the method raised (ErrorValue)  Failed(seq, error)                none; zero fillers of
+                                                                      the static shapes when
+                                                                      no side item is read
+
+With both flags and the shapes known, nothing but the tensor crosses per
+execution; an error then goes as ``Failed`` on the side channel *before*
+fillers through the communicator (so both ends stay matched), and the reader,
+once its receive is complete (``synchronize``), polls the side channel
+without blocking: an item for this ``seq`` turns the value into the error, an
+item for a later ``seq`` waits in ``stash`` for its execution.
+
+Errors of the protocol itself become ``ErrorValue`` s that flow like user
+errors (the graph stays usable): a ``_direct_return`` method that returns
+anything but one tensor, a ``_static_shape`` edge whose tensors change after
+the first execution (both name the node and the shapes), a value that cannot
+be pickled.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cgraph.errors import RuntimeGraphError
+from cgraph.runtime.error_value import ErrorValue
+
+Spec = tuple[tuple[int, ...], Any]  # (shape, torch dtype) of one tensor
+Origin = Callable[[Exception], ErrorValue]  # wraps a protocol error as the producer's error
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    seq: int
+    structure: bytes | None  # the value pickled around its tensors; None: the value is tensor 0
+    specs: tuple[Spec, ...] | None  # None: the static specs sent before
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    seq: int
+    error: ErrorValue
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A value taken apart once per execution, shared by every SEND of its node."""
+
+    structure: bytes | None
+    tensors: tuple[Any, ...]
+    specs: tuple[Spec, ...]
+
+
+# --------------------------------------------------------------------------- encoding
+class _Extractor(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, tensor_type: type) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensor_type = tensor_type
+        self.tensors: list[Any] = []
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if isinstance(obj, self.tensor_type):
+            self.tensors.append(obj)
+            return len(self.tensors) - 1
+        return None
+
+
+class _Restorer(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, tensors: list[Any]) -> None:
+        super().__init__(file)
+        self.tensors = tensors
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self.tensors[pid]
+
+
+def encode(value: Any, *, node: str, direct_return: bool, origin: Origin) -> Encoded | ErrorValue:
+    """Take ``value`` apart into its structure and its tensors (or an error to send)."""
+    import torch
+
+    if isinstance(value, ErrorValue):
+        return value
+    if isinstance(value, torch.Tensor):
+        tensors: list[Any] = [value]
+        structure = None
+    elif direct_return:
+        return origin(TypeError(
+            f"node {node} was declared _direct_return=True, so its method must return exactly "
+            f"one torch.Tensor, but it returned {type(value).__name__}; return the tensor alone, "
+            "or drop _direct_return to send tensors nested in other values"
+        ))
+    else:
+        file = io.BytesIO()
+        pickler = _Extractor(file, torch.Tensor)
+        try:
+            pickler.dump(value)
+        except Exception as exc:  # noqa: BLE001 - the user's value; reported downstream
+            return origin(TypeError(
+                f"the value of node {node} cannot be sent: pickling it failed with "
+                f"{type(exc).__name__}: {exc}"
+            ))
+        structure, tensors = file.getvalue(), pickler.tensors
+    ready = tuple(t.detach() for t in tensors)
+    return Encoded(structure, ready, tuple((tuple(t.shape), t.dtype) for t in ready))
+
+
+def decode(structure: bytes | None, tensors: list[Any]) -> Any:
+    """Inverse of ``encode``: the value with the received tensors in place."""
+    if structure is None:
+        return tensors[0]
+    return _Restorer(io.BytesIO(structure), tensors).load()
+
+
+def format_specs(specs: tuple[Spec, ...] | None) -> str:
+    if not specs:
+        return "no tensors"
+    return ", ".join(f"{tuple(shape)} {str(dtype).replace('torch.', '')}" for shape, dtype in specs)
+
+
+# --------------------------------------------------------------------------- the two ends
+class _End:
+    def __init__(self, comm: Any, peer: int, side: Any, hint: Any, node: str) -> None:
+        self.comm, self.peer, self.side, self.node = comm, peer, side, node
+        self.static = bool(hint is not None and hint.static_shape)
+        self.direct = bool(hint is not None and hint.direct_return)
+        self.device = hint.device if hint is not None else "default"
+        self.specs: tuple[Spec, ...] | None = None  # static specs, once known to both ends
+        self.seq = 0
+
+    @property
+    def side_is_read(self) -> bool:
+        """Does the reader read a side item for the current value? (both ends agree)"""
+        return not (self.static and self.direct and self.specs is not None)
+
+    def detach(self) -> None:
+        self.side.detach()
+
+
+class EdgeWriter(_End):
+    """The producing end of one communicator channel."""
+
+    def send(self, item: Encoded | ErrorValue, origin: Origin) -> None:
+        seq, self.seq = self.seq, self.seq + 1
+        if isinstance(item, ErrorValue):
+            return self._fail(seq, item)
+        if self.static and self.specs is not None and item.specs != self.specs:
+            return self._fail(seq, origin(ValueError(
+                f"node {self.node} was declared _static_shape=True, but its tensors changed: the "
+                f"first execution sent [{format_specs(self.specs)}], execution {seq} sent "
+                f"[{format_specs(item.specs)}]; keep shapes and dtypes fixed or drop _static_shape"
+            )))
+        if self.side_is_read:
+            first = not self.static or self.specs is None
+            self.side.write(Meta(seq, None if self.direct else item.structure, item.specs if first else None))
+        if self.static and self.specs is None:
+            self.specs = item.specs
+        for tensor in item.tensors:
+            self._send(tensor)
+
+    def _fail(self, seq: int, error: ErrorValue) -> None:
+        import torch
+
+        self.side.write(Failed(seq, error))
+        if not self.side_is_read:  # the reader only polls: keep the communicator matched
+            for shape, dtype in self.specs or ():
+                self._send(torch.zeros(shape, dtype=dtype, device=self.comm.device))
+
+    def _send(self, tensor: Any) -> None:
+        device = self.comm.device
+        t = tensor if tensor.device == device else tensor.to(device)
+        self.comm.send(t.contiguous(), self.peer)
+        if self.comm.stream is not None:  # the caching allocator must not reuse it too early
+            t.record_stream(self.comm.stream)
+
+
+class EdgeReader(_End):
+    """The consuming end of one communicator channel."""
+
+    def __init__(self, comm: Any, peer: int, side: Any, hint: Any, node: str) -> None:
+        super().__init__(comm, peer, side, hint, node)
+        self.stash: Failed | None = None
+
+    def recv(self) -> tuple[Any, list[Any]]:
+        """The next value and the tensors received for it (the value may be an ErrorValue)."""
+        seq, self.seq = self.seq, self.seq + 1
+        if not self.side_is_read:
+            tensors = [self._recv(spec) for spec in self.specs or ()]
+            self.comm.synchronize()  # the poll must come after the data (and any Failed) arrived
+            failed = self._poll(seq)
+            return (failed.error, []) if failed else (self._place(tensors)[0], tensors)
+        item = self._take()
+        if item.seq != seq:
+            raise RuntimeGraphError(
+                f"communicator channel of node {self.node}: side item {item.seq} arrived for "
+                f"value {seq}; the two ends disagree (a cgraph bug)"
+            )
+        if isinstance(item, Failed):
+            return item.error, []
+        specs = item.specs if item.specs is not None else self.specs
+        if self.static and self.specs is None:
+            self.specs = item.specs
+        tensors = [self._recv(spec) for spec in specs or ()]
+        return decode(item.structure, self._place(tensors)), tensors
+
+    def _recv(self, spec: Spec) -> Any:
+        import torch
+
+        buf = torch.empty(spec[0], dtype=spec[1], device=self.comm.device)
+        self.comm.recv(buf, self.peer)
+        return buf
+
+    def _take(self) -> Meta | Failed:
+        try:
+            return self.side.read()  # small plain objects: unpickled copies, safe after release
+        finally:
+            self.side.release()
+
+    def _poll(self, seq: int) -> Failed | None:
+        if self.stash is None:
+            try:
+                self.stash = self.side.read(timeout=0)
+            except TimeoutError:  # ChannelTimeoutError: nothing failed
+                return None
+            finally:
+                self.side.release()
+        if self.stash is not None and self.stash.seq == seq:
+            failed, self.stash = self.stash, None
+            return failed
+        return None
+
+    def _place(self, tensors: list[Any]) -> list[Any]:
+        """The received tensors on the device the hint asks for ("default": as received)."""
+        if self.device == "default" or not tensors:
+            return tensors
+        target = "cpu" if self.device == "cpu" else "cuda"
+        if target == "cuda" and not _cuda_available():
+            raise RuntimeGraphError(
+                f"node {self.node} asks for device={self.device!r}, but this actor has no GPU; "
+                'use device="cpu" or "default", or give the reading actor num_gpus'
+            )
+        return [t.to(target) for t in tensors]
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

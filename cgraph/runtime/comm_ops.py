@@ -1,0 +1,290 @@
+"""SEND, RECV and COLLECTIVE in the actor loop, inline or overlapped with compute.
+
+The handlers move values through the actor's communicators (opened on the
+first communicator op from ``ActorProgram.extra["comm"]``, see
+``communicators``) with the protocol of ``comm_channel``. Where an op runs
+depends on its stream, which the overlap pass sets:
+
+    op                 CPU communicator                    GPU communicator (comm.stream)
+    a.SEND1>b          inline: blocks until sent           inline, enqueued on comm.stream after an
+    b.RECV1<a          inline: blocks until received        event of the compute stream; the compute
+                                                            stream waits for the result at once
+    b.RECV1<a@comm     queued on the actor's comm thread   the comm thread enqueues on comm.stream;
+                       (FIFO, schedule order); the value   the value is a Pending: its consumer
+                       is a Pending its consumer waits on  waits (CPU) for the thread, then makes
+                                                           the compute stream wait for an event
+
+    overlap:  b | RECV1<a@comm RECV2<c@comm C3(n1) C4(n2)
+              comm thread:  recv n1 ── recv n2 ──
+              main thread:        wait n1 ─ C3 ───── wait n2 (already there) ─ C4
+
+Every comm op of an actor goes through one thread in schedule order, so
+pairs stay matched as the scheduler planned them. At the end of an execution
+the actor waits for its comm thread to finish that execution's ops (before
+the shared-memory slots read in it are released, since a SEND may still be
+copying out of one). A failure on the thread (a channel closed by teardown or
+by the driver after an actor died) surfaces where the value is waited for and
+ends the loop like any closed channel.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from cgraph.errors import ChannelClosedError, RuntimeGraphError
+from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, encode
+from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, GroupEndpoint, open_group
+from cgraph.runtime.error_value import ErrorValue
+from cgraph.scheduler.ops import Op, Stream
+
+Body = Callable[[], tuple[Any, list[Any]]]  # returns (value, tensors received or made)
+
+
+class CommState:
+    """One actor loop's communicators, channel ends and comm thread."""
+
+    def __init__(self, ctx: Any) -> None:
+        program: CommProgram = ctx.program.extra["comm"]
+        self.ctx = ctx
+        self.program = program
+        self.comms: dict[str, Any] = {}
+        self.encoded: dict[str, Encoded | ErrorValue] = {}
+        self.futures: list[Future[Any]] = []
+        self.writers: dict[tuple[str, str], EdgeWriter] = {}
+        self.readers: dict[tuple[str, str], EdgeReader] = {}
+        self.thread: ThreadPoolExecutor | None = None
+        ctx.close_hooks.append(self.close)  # first: whatever opens below gets closed
+        for name, group in program.groups.items():
+            self.comms[name] = open_group(group)
+            if group.control is not None:
+                _watch(group, self.comms[name])
+        self.writers = {k: EdgeWriter(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node)
+                        for k, e in program.sends.items()}
+        self.readers = {k: EdgeReader(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node)
+                        for k, e in program.recvs.items()}
+        if any(op.stream is Stream.COMM for op in ctx.program.ops):
+            self.thread = ThreadPoolExecutor(1, "cgraph-comm", initializer=_bind_device, initargs=(self.comms,))
+        ctx.end_hooks.append(self.end_execution)
+
+    def run(self, op: Op, comm: Any, body: Body) -> Any:
+        """``body`` on the comm thread (a ``Pending`` comes back) or inline (its value)."""
+        from cgraph.runtime.executor import Pending
+
+        token = _mark(comm)
+        if op.stream is Stream.COMM and self.thread is not None:
+            future = self.thread.submit(_on_stream, comm, token, body)
+            self.futures.append(future)
+            return Pending(lambda: _join(*future.result()))
+        return _join(*_on_stream(comm, token, body))
+
+    def origin(self, method: str) -> Callable[[Exception], ErrorValue]:
+        execution, actor = self.ctx.execution, self.ctx.program.label
+        return lambda exc: ErrorValue.capture(exc, actor=actor, method=method, execution_index=execution)
+
+    def end_execution(self) -> None:
+        futures, self.futures = self.futures, []
+        for future in futures:
+            future.result()
+        self.encoded.clear()
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.thread.shutdown(wait=False, cancel_futures=True)
+        for end in (*self.writers.values(), *self.readers.values()):
+            _quietly(end.detach)
+        for comm in self.comms.values():
+            _quietly(comm.destroy)
+
+
+def comm_state(ctx: Any) -> CommState:
+    state = ctx.extra.get("comm")
+    if state is None:
+        if "comm" not in ctx.program.extra:
+            raise RuntimeGraphError(
+                f"actor {ctx.program.label} has communicator ops but no communicator set-up "
+                "(ActorProgram.extra['comm'] is missing: a cgraph bug)"
+            )
+        state = ctx.extra["comm"] = CommState(ctx)
+    return state  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- handlers
+def handle_send(op: Op, ctx: Any) -> None:
+    state = comm_state(ctx)
+    key = (op.node, op.peer)
+    writer, endpoint = state.writers[key], state.program.sends[key]
+    origin = state.origin(endpoint.method)
+    item = state.encoded.get(op.node)
+    if item is None:
+        direct = endpoint.hint is not None and endpoint.hint.direct_return
+        item = state.encoded[op.node] = encode(ctx.value(op.node), node=op.node, direct_return=direct, origin=origin)
+
+    def body() -> tuple[Any, list[Any]]:
+        writer.send(item, origin)
+        return None, []
+
+    state.run(op, writer.comm, body)
+
+
+def handle_recv(op: Op, ctx: Any) -> None:
+    state = comm_state(ctx)
+    reader = state.readers[(op.node, op.peer)]
+    ctx.values[op.node] = state.run(op, reader.comm, reader.recv)
+
+
+def handle_collective(op: Op, ctx: Any) -> None:
+    state = comm_state(ctx)
+    endpoint = state.program.collectives[op.node]
+    comm = state.comms[endpoint.group]
+    value = ctx.value(endpoint.input)
+    origin = state.origin(endpoint.method)
+    result = state.run(op, comm, lambda: run_collective(endpoint, comm, value, origin))
+    if endpoint.output:
+        ctx.values[endpoint.output] = result
+
+
+# --------------------------------------------------------------------------- collectives
+def _allreduce(comm: Any, t: Any, op: str) -> Any:
+    out = t.clone()
+    comm.allreduce(out, op)
+    return out
+
+
+def _allgather(comm: Any, t: Any, op: str) -> Any:
+    import torch
+
+    parts = [torch.empty_like(t) for _ in range(comm.world_size)]
+    comm.allgather(parts, t)
+    return torch.cat(parts) if t.dim() else torch.stack(parts)
+
+
+def _reducescatter(comm: Any, t: Any, op: str) -> Any:
+    out = t.new_empty((t.shape[0] // comm.world_size, *t.shape[1:]))
+    comm.reducescatter(out, t.contiguous(), op)
+    return out
+
+
+COLLECTIVES: dict[str, Callable[[Any, Any, str], Any]] = {
+    "allreduce": _allreduce,
+    "allgather": _allgather,
+    "reducescatter": _reducescatter,
+}
+"""Each collective a DAG node can run: (communicator, input tensor, op) -> result tensor."""
+
+
+def run_collective(
+    endpoint: CollectiveEndpoint, comm: Any, value: Any, origin: Callable[[Exception], ErrorValue]
+) -> tuple[Any, list[Any]]:
+    """One member's part of a collective node; a member's bad input fails it on every member.
+
+    The members first agree (a one-element MAX allreduce) on whether every
+    input is usable, so an error on one member becomes an error value on all
+    of them instead of leaving the others blocked in the collective.
+    """
+    import torch
+
+    problem = _input_problem(endpoint, comm, value)
+    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int32, device=comm.device)
+    comm.allreduce(flag, "max")
+    comm.synchronize()
+    if isinstance(value, ErrorValue):
+        return value, []
+    if problem is not None:
+        return origin(ValueError(problem)), []
+    if int(flag.item()):
+        return origin(RuntimeGraphError(
+            f"collective {endpoint.node} ({endpoint.method}) did not run: another member's input "
+            "was an error (see that member's result)"
+        )), []
+    out = COLLECTIVES[endpoint.method](comm, value.detach().to(comm.device), endpoint.op)
+    return out, [out]
+
+
+def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str | None:
+    import torch
+
+    if isinstance(value, ErrorValue):
+        return value.message
+    if endpoint.method not in COLLECTIVES:
+        return f"collective {endpoint.node}: unknown collective {endpoint.method!r}; use one of {sorted(COLLECTIVES)}"
+    if not isinstance(value, torch.Tensor):
+        return f"collective {endpoint.node} takes one torch.Tensor per member, got {type(value).__name__}"
+    if endpoint.method == "reducescatter" and (value.dim() == 0 or value.shape[0] % comm.world_size):
+        return (f"collective {endpoint.node} (reducescatter): the first dimension of {tuple(value.shape)} "
+                f"must be a multiple of the {comm.world_size} members")
+    return None
+
+
+# --------------------------------------------------------------------------- streams and threads
+def _mark(comm: Any) -> Any:
+    """An event after the work queued so far on the compute stream (GPU); None on the CPU."""
+    if comm.stream is None:
+        return None
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(comm.device))
+    return event
+
+
+def _on_stream(comm: Any, token: Any, body: Body) -> tuple[Any, list[Any], Any]:
+    """Run ``body`` on the communicator's stream after ``token``; returns its result and an end event."""
+    if comm.stream is None:
+        return (*body(), None)
+    import torch
+
+    with torch.cuda.device(comm.device), torch.cuda.stream(comm.stream):
+        comm.stream.wait_event(token)
+        value, tensors = body()
+        done = torch.cuda.Event()
+        done.record(comm.stream)
+    return value, tensors, done
+
+
+def _join(value: Any, tensors: list[Any], done: Any) -> Any:
+    """Hand a result to the compute stream: it waits for ``done``; the tensors are used there."""
+    if done is not None:
+        import torch
+
+        current = torch.cuda.current_stream()
+        current.wait_event(done)
+        for tensor in tensors:
+            tensor.record_stream(current)
+    return value
+
+
+def _bind_device(comms: dict[str, Any]) -> None:
+    """Comm-thread initializer: CUDA's current device is per thread."""
+    for comm in comms.values():
+        if comm.stream is not None:
+            import torch
+
+            torch.cuda.set_device(comm.device)
+            return
+
+
+def _watch(group: GroupEndpoint, comm: Any) -> None:
+    """Abort ``comm`` when the driver closes the group's control channel (teardown, a death)."""
+
+    def wait() -> None:
+        try:
+            reader = group.control.attach()  # type: ignore[union-attr]
+            try:
+                reader.read()
+            finally:
+                reader.detach()
+        except ChannelClosedError:
+            pass
+        _quietly(comm.abort)
+
+    threading.Thread(target=wait, name=f"cgraph-abort-{group.name}", daemon=True).start()
+
+
+def _quietly(fn: Callable[[], Any]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - closing; the loop is ending anyway
+        pass

@@ -1,0 +1,391 @@
+"""Communicator groups of a compiled graph: made on the driver, opened in the actors.
+
+    plan: n1>b.comm via cpu, n2>c.comm via cpu,        groups      cpu: a(0) b(1) c(2)
+          n5>a.comm via custom:Gloo              ──►               custom:Gloo: b(0) a(1)
+          collective n7 [a,b] via nccl                             nccl[a,b]: a(0) b(1)
+
+A *group* is one communicator: every actor that sends or receives through a
+transport joins that transport's group, ranked in the graph's actor order; a
+collective whose members differ gets a group of its own. The driver makes
+what each kind of group needs (``GROUP_KINDS``), plus one shared-memory side
+channel per COMM channel, and ships each actor a ``CommProgram`` in
+``ActorProgram.extra["comm"]``; the actor opens its communicators on its first
+communicator op (``comm_ops``).
+
+    kind      made on the driver                     opened in the actor          abort
+    cpu       one shm link per ordered rank pair     CpuCommunicator(links)       links closed
+    nccl      a TCPStore on a free port              ProcessGroupNCCL via store   watcher thread
+    cuda_ipc  data + ack shm links                   CudaIpcCommunicator(links)   links closed
+    custom    the user's object, checked, pickled    obj.initialize(rank, n, id)  watcher thread
+
+"nccl" groups become "cuda_ipc" when every member sits on one GPU of one node
+(fractional ``num_gpus``), where NCCL cannot run. ``CommResources`` joins the
+graph's channel resources: ``close()`` (teardown, or the monitor after a
+death) closes every link, side channel and watcher flag, which wakes or aborts
+every rank; ``unlink()`` removes the segments and drops the stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cgraph.channels.communicator import Communicator, missing_methods
+from cgraph.channels.shm_channel import ShmChannel, ShmHandle
+from cgraph.errors import CompileError
+from cgraph.ir import Graph, NodeKind, Ref, TensorHint
+from cgraph.runtime.options import CompileOptions
+
+SIDE_BUFFER = 4096
+"""First slot size of a side channel (metadata is small; a larger item grows it once)."""
+
+
+@dataclass(frozen=True)
+class GroupEndpoint:
+    """What one actor needs to open its communicator of one group (picklable)."""
+
+    name: str
+    kind: str  # a key of GROUP_KINDS
+    rank: int
+    world_size: int
+    payload: Any  # kind-specific: link ends, a rendezvous, the user's object
+    control: ShmHandle | None = None  # closed by the driver to abort a watched group
+
+
+@dataclass(frozen=True)
+class EdgeEndpoint:
+    """One end of a communicator channel: the value ``node`` to or from ``peer``."""
+
+    node: str
+    peer: str
+    peer_rank: int
+    group: str
+    side: ShmHandle  # the side channel's writer (sender) or reader (receiver) handle
+    hint: TensorHint | None
+    method: str  # the producing method, for errors
+
+
+@dataclass(frozen=True)
+class CollectiveEndpoint:
+    node: str
+    method: str  # allreduce | allgather | reducescatter
+    op: str
+    input: str  # this member's input value
+    output: str  # this member's result (an ITEM node), "" if unused
+    group: str
+
+
+@dataclass(frozen=True)
+class CommProgram:
+    """``ActorProgram.extra["comm"]``: the actor's groups and communicator ops."""
+
+    groups: dict[str, GroupEndpoint]
+    sends: dict[tuple[str, str], EdgeEndpoint]  # (node, reader actor)
+    recvs: dict[tuple[str, str], EdgeEndpoint]  # (node, writer actor)
+    collectives: dict[str, CollectiveEndpoint] = field(default_factory=dict)
+
+
+@dataclass
+class CommResources:
+    """Everything the driver made for a graph's communicators."""
+
+    channels: list[ShmChannel] = field(default_factory=list)
+    keep_alive: list[Any] = field(default_factory=list)  # TCPStores serving rendezvous
+    programs: dict[str, CommProgram] = field(default_factory=dict)
+
+    def extra(self, actor: str) -> dict[str, Any]:
+        """The ``ActorProgram.extra`` entries of ``actor`` (none if it has no communicator op)."""
+        return {"comm": self.programs[actor]} if actor in self.programs else {}
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+    def unlink(self) -> None:
+        for channel in self.channels:
+            channel.unlink()
+        self.keep_alive.clear()
+
+
+# --------------------------------------------------------------------------- kinds
+def _make_cpu(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
+    from cgraph.channels.cpu_communicator import create_links
+
+    channels, ends = create_links(tag, name, n)
+    res.channels += channels
+    return list(ends)
+
+
+def _make_ipc(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
+    from cgraph.channels.cuda_ipc import create_ipc_links
+
+    channels, ends = create_ipc_links(tag, name, n)
+    res.channels += channels
+    return list(ends)
+
+
+def _make_nccl(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
+    from cgraph.channels.nccl_communicator import NcclRendezvous
+
+    rendezvous, store = NcclRendezvous.create(f"cgraph/{tag}/{name}/")
+    res.keep_alive.append(store)
+    return [rendezvous] * n
+
+
+def _make_custom(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
+    return [obj] * n
+
+
+def _open_cpu(g: GroupEndpoint) -> Communicator:
+    from cgraph.channels.cpu_communicator import CpuCommunicator
+
+    return CpuCommunicator(g.payload)
+
+
+def _open_ipc(g: GroupEndpoint) -> Communicator:
+    from cgraph.channels.cuda_ipc import CudaIpcCommunicator
+
+    return CudaIpcCommunicator(g.payload)
+
+
+def _open_nccl(g: GroupEndpoint) -> Communicator:
+    from cgraph.channels.nccl_communicator import NcclCommunicator
+
+    return NcclCommunicator(g.payload, g.rank, g.world_size)
+
+
+def _open_custom(g: GroupEndpoint) -> Communicator:
+    comm = g.payload  # this actor's own unpickled copy
+    comm.initialize(g.rank, g.world_size, g.name)
+    return comm  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class GroupKind:
+    make: Callable[[CommResources, str, str, int, Any], list[Any]]  # one payload per rank
+    open: Callable[[GroupEndpoint], Communicator]
+    watch: bool  # abort it from a thread when the driver closes the graph
+
+
+GROUP_KINDS: dict[str, GroupKind] = {
+    "cpu": GroupKind(_make_cpu, _open_cpu, watch=False),
+    "nccl": GroupKind(_make_nccl, _open_nccl, watch=True),
+    "cuda_ipc": GroupKind(_make_ipc, _open_ipc, watch=False),
+    "custom": GroupKind(_make_custom, _open_custom, watch=True),
+}
+"""Per kind of group: driver-side make, actor-side open, abort by watcher (a test checks every kind)."""
+
+
+def open_group(endpoint: GroupEndpoint) -> Communicator:
+    """Open this actor's communicator of a group (in the actor)."""
+    return GROUP_KINDS[endpoint.kind].open(endpoint)
+
+
+# --------------------------------------------------------------------------- planning
+@dataclass
+class _Group:
+    name: str
+    transport: str
+    members: tuple[str, ...]
+    kind: str = ""
+    obj: Any = None
+
+
+def plan_groups(graph: Graph, plan: Any, default: str | None) -> tuple[dict[str, _Group], dict[str, str]]:
+    """The groups of a graph, and the group of each collective node."""
+    order = {a.id: i for i, a in enumerate(graph.actors)}
+    by_transport: dict[str, set[str]] = {}
+    for spec in plan.channels:
+        if spec.kind.name == "COMM":
+            by_transport.setdefault(spec.transport, set()).update((spec.writer, *spec.readers))
+    groups = {t: _Group(t, t, tuple(sorted(m, key=order.__getitem__))) for t, m in by_transport.items()}
+    of_collective: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.kind is not NodeKind.COLLECTIVE:
+            continue
+        transport = _collective_transport(graph, node, default)
+        members = tuple(graph.producer_actor(a.node) for a in node.args if isinstance(a, Ref))
+        same = transport not in groups or groups[transport].members == members
+        name = transport if same else f"{transport}[{','.join(members)}]"
+        groups.setdefault(name, _Group(name, transport, members))
+        of_collective[node.id] = name
+    return groups, of_collective
+
+
+def _collective_transport(graph: Graph, node: Any, default: str | None) -> str:
+    hint = node.hint
+    if hint is not None and hint.transport not in ("auto", "shm"):
+        return str(hint.transport)
+    if default is not None:
+        return default
+    members = [graph.actor(graph.producer_actor(a.node)) for a in node.args if isinstance(a, Ref)]
+    return "nccl" if all(a.gpus > 0 for a in members) else "cpu"
+
+
+def _resolve_kind(group: _Group, communicators: Mapping[str, Any], handles: Mapping[str, Any]) -> None:
+    t = group.transport
+    if t == "cpu":
+        group.kind = "cpu"
+    elif t == "nccl":
+        group.kind = _gpu_kind(group, handles)
+    elif t.startswith("custom:") and t in communicators:
+        group.kind, group.obj = "custom", communicators[t]
+        _check_custom(t, group.obj)
+    else:
+        raise CompileError(
+            f"unknown communicator {t!r} for actors {', '.join(group.members)}; use "
+            "'nccl', 'cpu' (default_communicator=\"cpu\") or a communicator object"
+        )
+
+
+def _gpu_kind(group: _Group, handles: Mapping[str, Any]) -> str:
+    import ray
+
+    refs = [handles[m].__ray_call__.remote(_gpu_placement) for m in group.members]
+    places = ray.get(refs)
+    shared = {p for p in places}
+    if len(shared) == 1 and len(places) > 1:
+        return "cuda_ipc"  # all on one GPU: NCCL refuses duplicate devices
+    if len(shared) != len(places):
+        raise CompileError(
+            f"actors {', '.join(group.members)} exchange tensors over NCCL, but some of them share "
+            "a GPU and others do not; NCCL needs one GPU per actor and CUDA IPC one GPU for all. "
+            "Place them on distinct GPUs (num_gpus=1), or all on one GPU (fractional num_gpus)"
+        )
+    return "nccl"
+
+
+def _gpu_placement(_self: Any) -> tuple[str, tuple[str, ...]]:
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), tuple(str(g) for g in ray.get_gpu_ids())
+
+
+def _check_custom(name: str, obj: Any) -> None:
+    missing = missing_methods(obj)
+    if missing:
+        raise CompileError(
+            f"communicator {name} ({type(obj).__name__}) lacks {', '.join(missing)}; subclass "
+            "cgraph.channels.communicator.Communicator and implement initialize, rank, "
+            "world_size, send and recv"
+        )
+    import ray.cloudpickle as cloudpickle
+
+    try:
+        cloudpickle.dumps(obj)
+    except Exception as exc:  # noqa: BLE001
+        raise CompileError(
+            f"communicator {name} ({type(obj).__name__}) cannot be pickled ({type(exc).__name__}: "
+            f"{exc}); cgraph ships one copy to every member actor, so keep connections out of "
+            "__init__ and open them in initialize()"
+        ) from exc
+
+
+# --------------------------------------------------------------------------- setup
+def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOptions) -> CommResources:
+    """Make every group and side channel of a planned graph (on the driver).
+
+    Args:
+        front: the front end (``handles`` and ``communicators``, "custom:<name>" -> object).
+        planned: the scheduler's result (graph, channel plan, schedule).
+        tag: the compiled graph's tag (names the segments).
+
+    Returns:
+        The resources (close and unlink them at teardown), with each actor's ``CommProgram``.
+
+    Raises:
+        CompileError: an unknown communicator, a user communicator that lacks a
+            method or cannot be pickled, or NCCL actors that share some GPUs.
+    """
+    graph: Graph = planned.graph
+    groups, of_collective = plan_groups(graph, planned.plan, _default_name(front, options))
+    res = CommResources()
+    if not groups:
+        return res
+    try:
+        for group in groups.values():
+            _resolve_kind(group, front.communicators, front.handles)
+        programs: dict[str, CommProgram] = {}
+        for group in groups.values():
+            for actor, endpoint in _make_group(res, tag, group).items():
+                _program_of(programs, actor).groups[group.name] = endpoint
+        for spec in planned.plan.channels:
+            if spec.kind.name == "COMM":
+                _add_edge(res, programs, graph, groups[spec.transport], spec, tag, options)
+        for node_id, name in of_collective.items():
+            _add_collective(programs, graph, graph.node(node_id), groups[name])
+    except BaseException:
+        res.unlink()
+        raise
+    res.programs = programs
+    return res
+
+
+def _default_name(front: Any, options: CompileOptions) -> str | None:
+    default = options.default_communicator
+    if default is None or isinstance(default, str):
+        return default
+    return next((n for n, obj in front.communicators.items() if obj is default), None)
+
+
+def _program_of(programs: dict[str, CommProgram], actor: str) -> CommProgram:
+    if actor not in programs:
+        programs[actor] = CommProgram({}, {}, {}, {})
+    return programs[actor]
+
+
+def _make_group(res: CommResources, tag: str, group: _Group) -> dict[str, GroupEndpoint]:
+    kind, n = GROUP_KINDS[group.kind], len(group.members)
+    payloads = kind.make(res, tag, group.name, n, group.obj)
+    control = None
+    if kind.watch:
+        control = ShmChannel.create(tag, f"{group.name}.abort", num_readers=n, max_inflight=1, buffer_size=64)
+        res.channels.append(control)
+    return {
+        actor: GroupEndpoint(
+            f"{tag}/{group.name}", group.kind, rank, n, payloads[rank],
+            control.reader_handle(rank) if control is not None else None,
+        )
+        for rank, actor in enumerate(group.members)
+    }
+
+
+def _add_edge(
+    res: CommResources, programs: dict[str, CommProgram], graph: Graph, group: _Group,
+    spec: Any, tag: str, options: CompileOptions,
+) -> None:
+    side = ShmChannel.create(
+        tag, f"{spec.id}.side", num_readers=1,
+        max_inflight=options.max_inflight_executions, buffer_size=SIDE_BUFFER,
+    )
+    res.channels.append(side)
+    (reader,) = spec.readers
+    method = _method_of(graph, spec.node)
+    rank = group.members.index
+    _program_of(programs, spec.writer).sends[(spec.node, reader)] = EdgeEndpoint(
+        spec.node, reader, rank(reader), group.name, side.writer_handle(), spec.hint, method)
+    _program_of(programs, reader).recvs[(spec.node, spec.writer)] = EdgeEndpoint(
+        spec.node, spec.writer, rank(spec.writer), group.name, side.reader_handle(0), spec.hint, method)
+
+
+def _add_collective(programs: dict[str, CommProgram], graph: Graph, node: Any, group: _Group) -> None:
+    options = {k: graph.constants[a.index] for k, a in node.kwargs if not isinstance(a, Ref)}
+    outputs = {
+        n.key: n.id for n in graph.nodes
+        if n.kind is NodeKind.ITEM and n.args and n.args[0] == Ref(node.id)
+    }
+    op = options.get("op", "sum")
+    for i, actor in enumerate(group.members):
+        arg = node.args[i]
+        assert isinstance(arg, Ref), node
+        _program_of(programs, actor).collectives[node.id] = CollectiveEndpoint(
+            node.id, str(node.method), str(getattr(op, "value", op)), arg.node, outputs.get(i, ""), group.name,
+        )
+
+
+def _method_of(graph: Graph, node_id: str) -> str:
+    node = graph.node(node_id)
+    if node.kind is NodeKind.ITEM and node.args and isinstance(node.args[0], Ref):
+        node = graph.node(node.args[0].node)
+    return str(node.method or node.kind.value)
