@@ -75,7 +75,7 @@ def dumps(value: Any) -> Payload:
         pickle.PicklingError, TypeError, AttributeError: ``value`` is not
             picklable (an exception value never raises: it is replaced).
     """
-    if type(value) in _PLAIN:  # fast path: no buffers, no layout to compute
+    if type(value) in _PLAIN or _is_small_plain(value):  # fast path: no buffers, no layout
         pickled = pickle.dumps(value, protocol=5)
         return Payload(pickled, (), (), (), _HEAD.size + len(pickled))
     try:
@@ -91,6 +91,22 @@ def dumps(value: Any) -> Payload:
         offsets.append(pos)
         pos += buf.nbytes
     return Payload(pickled, buffers, flags, offsets, pos)
+
+
+def _is_small_plain(value: Any, depth: int = 2) -> bool:
+    """A short tuple/list/dict of plain scalars (e.g. execute's ``(args, kwargs)``)."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return True
+    if depth == 0:
+        return False
+    if kind is tuple or kind is list:
+        return len(value) <= 8 and all(_is_small_plain(v, depth - 1) for v in value)
+    if kind is dict:
+        return len(value) <= 8 and all(
+            type(k) is str and _is_small_plain(v, depth - 1) for k, v in value.items()
+        )
+    return False
 
 
 def pack_into(payload: Payload, dest: memoryview) -> None:

@@ -74,9 +74,10 @@ class Context:
         return value
 
     def end_execution(self) -> None:
-        for node, value in list(self.values.items()):
-            if isinstance(value, Pending):  # e.g. a RECV nobody consumed: finish it
-                self.values[node] = value.result()
+        if any(type(v) is Pending for v in self.values.values()):
+            for node, value in list(self.values.items()):
+                if type(value) is Pending:  # e.g. a RECV nobody consumed: finish it
+                    self.values[node] = value.result()
         for hook in self.end_hooks:
             hook()
         for reader in self.to_release:
@@ -101,10 +102,18 @@ class Context:
         forget_local(handles)
 
 
+class _Upstream(Exception):  # noqa: N818 - control flow, never escapes this module
+    def __init__(self, error: ErrorValue) -> None:
+        self.error = error
+
+
 def _resolve(spec: ArgSpec, ctx: Context) -> Any:
     kind, what = spec
     if kind == ARG_VALUE:
-        return ctx.value(what)
+        value = ctx.value(what)
+        if type(value) is ErrorValue:
+            raise _Upstream(value)
+        return value
     if kind == ARG_CONST:
         return what
     assert kind == ARG_INPUT
@@ -114,21 +123,13 @@ def _resolve(spec: ArgSpec, ctx: Context) -> Any:
     return args[what] if isinstance(what, int) else kwargs[what]
 
 
-def _upstream_error(spec: ComputeSpec, ctx: Context) -> ErrorValue | None:
-    for kind, what in (*spec.args, *(s for _, s in spec.kwargs)):
-        value = ctx.value(what) if kind == ARG_VALUE else None
-        if isinstance(value, ErrorValue):
-            return value
-    return None
-
-
 def _run_method(spec: ComputeSpec, ctx: Context) -> Any:
-    error = _upstream_error(spec, ctx)
-    if error is not None:
-        return error
     try:
         args = [_resolve(s, ctx) for s in spec.args]
         kwargs = {k: _resolve(s, ctx) for k, s in spec.kwargs}
+    except _Upstream as up:
+        return up.error  # an upstream method failed: forward its error, skip this one
+    try:
         result = ctx.method(spec.method)(*args, **kwargs)
         if spec.num_returns > 1:
             result = tuple(result)
@@ -183,12 +184,11 @@ HANDLERS: dict[OpKind, Callable[[Op, Context], None]] = {
 def run_actor_loop(instance: object, program: ActorProgram) -> str:
     """Run ``program`` until its channels close. Returns why it stopped."""
     ctx = Context(instance, program)
-    handlers = HANDLERS
-    ops = program.ops
+    steps = [(HANDLERS[op.kind], op) for op in program.ops]  # no per-op table lookups
     try:
         while True:
-            for op in ops:
-                handlers[op.kind](op, ctx)
+            for handler, op in steps:
+                handler(op, ctx)
             ctx.end_execution()
     except ChannelClosedError:
         return "closed"
