@@ -138,17 +138,7 @@ def plan_dag(
     return front, planned
 
 
-def plan(
-    dag: Any,
-    *,
-    overlap_gpu_communication: bool = False,
-    max_inflight_executions: int = 10,
-    buffer_size_bytes: int = 1 << 20,
-    submit_timeout: float | None = 10.0,
-    get_timeout: float | None = None,
-    enable_asyncio: bool = False,
-    default_communicator: Any = None,
-) -> CompiledPlan:
+def plan(dag: Any, **options: Any) -> CompiledPlan:
     """Plan a Ray DAG without running it: the IR, channels and schedule.
 
     Works on DAGs of live actor handles and of unstarted ``Worker.bind()``
@@ -157,15 +147,7 @@ def plan(
 
     Args:
         dag: the root of a Ray DAG: a ``MultiOutputNode`` or one bound call.
-        overlap_gpu_communication: reorder communicator receives to overlap compute.
-        max_inflight_executions: executions submitted and not yet read, at most.
-        buffer_size_bytes: initial size of each shared-memory slot (grows once
-            when a larger value comes).
-        submit_timeout: seconds ``execute`` may wait for room (``None``: forever).
-        get_timeout: default seconds ``get`` waits (``None``: forever).
-        enable_asyncio: prepare ``execute_async``.
-        default_communicator: a name (``"cpu"``) or communicator object for
-            communicator edges the actors cannot serve themselves.
+        **options: ``compile``'s keyword options.
 
     Returns:
         The ``CompiledPlan`` (graph, plan, schedule, ``text()``, ``visualize()``).
@@ -176,22 +158,7 @@ def plan(
         DeadlockError: the bound order can never run.
         ValueError: an option is out of range.
     """
-    options = CompileOptions(
-        overlap_gpu_communication=overlap_gpu_communication,
-        max_inflight_executions=max_inflight_executions,
-        buffer_size_bytes=buffer_size_bytes,
-        submit_timeout=submit_timeout,
-        get_timeout=get_timeout,
-        enable_asyncio=enable_asyncio,
-        default_communicator=default_communicator,
-    )
-    front, planned = plan_dag(
-        dag, overlap=overlap_gpu_communication, default_communicator=default_communicator
-    )
-    compiled = CompiledPlan(front, planned, options)
-    if os.environ.get(VISUALIZE_ENV, "") not in ("", "0"):
-        compiled.visualize()  # logs the file it wrote
-    return compiled
+    return _plan(dag, CompileOptions(**options), locate=None)
 
 
 def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
@@ -221,8 +188,8 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
             communicator edges the actors cannot serve themselves.
 
     Returns:
-        A ``cgraph.runtime.CompiledGraph``: ``execute``, ``execute_async``,
-        ``visualize``, ``teardown``.
+        A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,
+        ``teardown``.
 
     Raises:
         DAGValidationError: (or a subclass) the DAG breaks a front-end rule.
@@ -243,15 +210,21 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         enable_asyncio=enable_asyncio,
         default_communicator=default_communicator,
     )
+    planned = _plan(dag, options, locate=locate_actors)
+    return launch(planned.front, planned.planned, options)
+
+
+def _plan(dag: Any, options: CompileOptions, locate: Any) -> CompiledPlan:
     front, planned = plan_dag(
         dag,
-        overlap=overlap_gpu_communication,
-        default_communicator=default_communicator,
-        locate=locate_actors,
+        overlap=options.overlap_gpu_communication,
+        default_communicator=options.default_communicator,
+        locate=locate,
     )
+    compiled = CompiledPlan(front, planned, options)
     if os.environ.get(VISUALIZE_ENV, "") not in ("", "0"):
-        CompiledPlan(front, planned, options).visualize()  # logs the file it wrote
-    return launch(front, planned, options)
+        compiled.visualize()  # logs the file it wrote
+    return compiled
 
 
 def _communicator_name(communicator: Any, table: CommunicatorTable) -> str | None:
