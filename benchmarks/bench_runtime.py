@@ -3,40 +3,20 @@
 One run measures every system on the same DAGs, in one Ray session, and writes
 medians, p99s and ratios to results/runtime.json and results/runtime.md:
 
-    floor       two bare forked processes waking each other: a byte through two
-                pipes, or two blocking os.eventfd's; a round trip = two wake-ups;
-                the targets use the best of 10 batch medians (noise only adds)
-    memcpy      single-core np.copyto of each array size into a pre-faulted POSIX
-                shared-memory mapping (how a shm channel writes) and into an
-                ordinary numpy array
-    latency     one execute + get of the int 1, one at a time, on three DAGs:
-                  echo     driver -> A -> driver                          hops 2
-                  chain3   driver -> A -> B -> C -> driver                hops 4
-                  fanout3  driver -> A, B, C -> D.combine(A, B, C) -> driver
-                           (4 actors, 7 channels)                         hops 3
-                hops = channel hops on the critical path, driver to driver;
-                per-hop median = median round trip / hops
-    throughput  a uint8 array through driver -> A.echo -> B.checksum -> driver;
-                B returns (nbytes, first, last), so the array crosses two channels
-                (two serial copies) and the driver gets a few bytes back.
-                GB/s = array bytes / median time of one execute + get
-                (1 GB = 1e9 B), next to memcpy into shm of the same size
-    idle_cpu    % of a core used by each actor of a compiled chain3 that waits
-                for input: utime+stime from /proc/<pid>/stat (pids from
-                actor.getpid before compiling), and the same from
-                /proc/<pid>/task/*/schedstat (ns resolution)
-    compile     compile of chain3 on 3 existing actors that imported torch;
-                median of several compile / first execute / teardown cycles
+    floor       bare wake-up round trip between two forked processes
+    memcpy      single-core copy of each array size into shared memory
+    latency     one execute + get of the int 1 on echo, chain3 and fanout3
+    throughput  an array through driver -> A.echo -> B.checksum -> driver:
+                sequential (one execution at a time) and pipelined (k in flight)
+    idle_cpu    % of a core used by the actors of a compiled chain3 at rest
+    compile     compile / first execute / teardown of chain3
 
-Systems: ``cgraph`` (cgraph.compile, compiled.execute(x).get()), ``ray_cgraph``
-(dag.experimental_compile, ray.get(compiled.execute(x))) and ``ray_plain`` (the
-same methods chained with .remote, one ray.get). Both compiled systems get the
-same buffer_size_bytes and max_inflight_executions: 1 MiB and 10 (Ray's
-defaults) for latency, 1.2x the largest array and 2 for throughput. Each
-(system, DAG) pair gets fresh actors, killed afterwards. Until cgraph's runtime
-can execute, its entries read "cgraph runtime not available: <error>".
+runtime_report.py evaluates the targets and renders the Markdown; its
+DEFINITIONS (printed at the end of runtime.md) say exactly what each section
+measures. Systems: ``cgraph``, ``ray_cgraph`` (Ray Compiled Graphs) and
+``ray_plain`` (the same methods chained with .remote).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_runtime.py       # ~1.5 min, results/
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_runtime.py       # ~2 min, results/
     .venv/bin/python benchmarks/bench_runtime.py --quick                 # ~1 min, a temp folder
     .venv/bin/python benchmarks/bench_runtime.py --sections floor,latency --out /tmp/x
 
@@ -47,8 +27,10 @@ runtime.json with only those sections.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -62,28 +44,23 @@ from common import (  # noqa: E402 - needs the path above
     call_with_timeout,
     configure_environment,
     describe_error,
-    fmt,
-    fmt_ratio,
     gb_per_s,
     load_average,
     log,
-    markdown_table,
     measure_cpu_percent,
+    memory_available_bytes,
     new_results,
-    ok_entry,
     parse_args,
     percentile,
     pingpong_round_trips,
     ray_session,
     run_section,
-    status_note,
     summarize_ns,
     system_busy_percent,
-    system_rows,
     time_calls,
-    verdict,
     write_results,
 )
+from runtime_report import evaluate_targets, render_markdown  # noqa: E402
 
 # Ray reads RAY_CGRAPH_* when ray.dag is imported; the actors inherit them from ray.init.
 # RAY_CGRAPH_buffer_size_bytes is deliberately NOT set globally: at 120 MiB it made
@@ -109,7 +86,12 @@ SYSTEMS = ("cgraph", "ray_cgraph", "ray_plain")
 COMPILED = ("cgraph", "ray_cgraph")
 BUFFER_LATENCY = 1 * MiB  # Ray's default buffer size
 MAX_INFLIGHT_LATENCY = 10  # Ray's default
-MAX_INFLIGHT_THROUGHPUT = 2  # each slot holds the largest array: keep shared memory small
+# The pipelined window k, and the compiled throughput graph's max_inflight_executions:
+# every channel gets k slots of 1.2x the largest array (Ray touches all of them).
+MAX_INFLIGHT_THROUGHPUT = 4
+# Ray Compiled Graphs put their channel buffers in the object store: 3 channels x 4
+# slots x 120 MiB = 1.4 GiB, so 3 GiB rather than the 2 GiB that held 2 slots.
+OBJECT_STORE_BYTES = 3 << 30
 STEP_TIMEOUT_S = 300.0  # actor start-up or a first execute that takes longer fails
 TEARDOWN_TIMEOUT_S = 60.0
 
@@ -123,6 +105,8 @@ class Settings:
     throughput_bytes: int  # per size, iterations = clamp(throughput_bytes / size)
     throughput_min_iters: int
     throughput_max_iters: int
+    pipelined_min_iters: int  # executions per pipelined repeat: at least this many
+    pipelined_repeats: int
     memcpy_iters: int
     idle_seconds: float
     compile_cycles: int
@@ -130,9 +114,12 @@ class Settings:
     def throughput_iters(self, size: int) -> int:
         return max(self.throughput_min_iters, min(self.throughput_max_iters, self.throughput_bytes // size))
 
+    def pipelined_iters(self, size: int) -> int:
+        return max(self.pipelined_min_iters, self.throughput_iters(size))
 
-FULL = Settings(1000, 100, 20000, (1 * MiB, 16 * MiB, 100 * MiB), 3 << 30, 20, 300, 50, 3.0, 5)
-QUICK = Settings(100, 10, 2000, (1 * MiB, 4 * MiB), 64 * MiB, 5, 30, 10, 1.0, 2)
+
+FULL = Settings(1000, 100, 20000, (1 * MiB, 16 * MiB, 100 * MiB), 3 << 30, 20, 300, 40, 5, 50, 3.0, 5)
+QUICK = Settings(100, 10, 2000, (1 * MiB, 4 * MiB), 64 * MiB, 5, 30, 12, 2, 10, 1.0, 2)
 
 
 # ================================================================== actors and DAGs
@@ -237,9 +224,12 @@ class CgraphGate:
 
 @dataclass
 class Runner:
-    """One system ready to run one DAG: ``run(x)`` returns the DAG's result."""
+    """One system ready to run one DAG: ``run(x)`` returns the DAG's result;
+    ``fetch(submit(x))`` does the same in two steps, so several can be in flight."""
 
     run: Callable[[Any], Any]
+    submit: Callable[[Any], Any]  # x -> a ref to the result
+    fetch: Callable[[Any], Any]  # ref -> the result
     teardown: Callable[[], Any]
     teardown_s: float | None = None
 
@@ -260,14 +250,16 @@ def open_runner(system: str, spec: DagSpec, actors: list[Any], buffer: int, infl
     kill an actor whose loop does not stop (see RAY_CGRAPH_teardown_timeout above).
     """
     if system == "ray_plain":
-        return Runner(lambda x: ray.get(spec.call(actors, x)), lambda: None)
+        return Runner(lambda x: ray.get(spec.call(actors, x)), lambda x: spec.call(actors, x), ray.get,
+                      lambda: None)
     with InputNode() as inp:
         dag = spec.bind(actors, inp)
     if system == "ray_cgraph":
         compiled = dag.experimental_compile(
             _buffer_size_bytes=buffer, _max_inflight_executions=inflight, _submit_timeout=300
         )
-        return Runner(lambda x: ray.get(compiled.execute(x)), lambda: compiled.teardown(kill_actors=kill_actors))
+        return Runner(lambda x: ray.get(compiled.execute(x)), compiled.execute, ray.get,
+                      lambda: compiled.teardown(kill_actors=kill_actors))
     return _open_cgraph(dag, buffer, inflight)
 
 
@@ -281,7 +273,7 @@ def _open_cgraph(dag: Any, buffer: int, inflight: int) -> Runner:
     if not callable(getattr(compiled, "execute", None)):
         raise Unavailable(f"cgraph runtime not available: compile returned {type(compiled).__name__} "
                           "without execute()")
-    return Runner(lambda x: compiled.execute(x).get(), compiled.teardown)
+    return Runner(lambda x: compiled.execute(x).get(), compiled.execute, lambda ref: ref.get(), compiled.teardown)
 
 
 def first_run(runner: Runner, x: Any, expected: Any, system: str) -> None:
@@ -403,26 +395,88 @@ def _latency_one(system: str, spec: DagSpec, s: Settings) -> dict[str, Any]:
 
 def measure_throughput(s: Settings, gate: CgraphGate) -> dict[str, Any]:
     buffer = int(max(s.sizes) * 1.2)
-    systems = {sy: guarded(sy, gate, lambda sy=sy: _throughput_one(sy, s, buffer)) for sy in SYSTEMS}
-    return {"dag": THROUGHPUT_DAG.picture, "buffer_size_bytes": buffer,
-            "max_inflight_executions": MAX_INFLIGHT_THROUGHPUT,
+    window = throughput_window(buffer)
+    if window["reason"]:
+        log(f"  throughput: pipelined window {window['reason']}")
+    k = window["k"]
+    systems = {sy: guarded(sy, gate, lambda sy=sy: _throughput_one(sy, s, buffer, k)) for sy in SYSTEMS}
+    return {"dag": THROUGHPUT_DAG.picture, "buffer_size_bytes": buffer, "max_inflight_executions": k,
+            "window": window, "pipelined_repeats": s.pipelined_repeats,
+            "pipelined_executions": {str(size): s.pipelined_iters(size) for size in s.sizes},
             "array_copies_per_execution": 2, "systems": systems}
 
 
-def _throughput_one(system: str, s: Settings, buffer: int) -> dict[str, Any]:
+def throughput_window(buffer: int) -> dict[str, Any]:
+    """k for the pipelined runs: MAX_INFLIGHT_THROUGHPUT, or fewer when k slots of
+    ``buffer`` bytes on every channel of the throughput DAG would not fit in half the
+    free /dev/shm, half the available memory, or 3/4 of Ray's object store."""
+    per_k = THROUGHPUT_DAG.channels * buffer  # one more slot on every channel
+    room = {"half the free /dev/shm": shutil.disk_usage("/dev/shm").free // 2,
+            "half the available memory": memory_available_bytes() // 2,
+            "3/4 of Ray's object store": OBJECT_STORE_BYTES * 3 // 4}
+    tightest = min(room, key=lambda name: room[name])
+    k = max(1, min(MAX_INFLIGHT_THROUGHPUT, room[tightest] // per_k))
+    reason = None
+    if k < MAX_INFLIGHT_THROUGHPUT:
+        reason = (f"k reduced from {MAX_INFLIGHT_THROUGHPUT} to {k}: {MAX_INFLIGHT_THROUGHPUT} slots x "
+                  f"{THROUGHPUT_DAG.channels} channels x {buffer / MiB:.0f} MiB would not fit in {tightest} "
+                  f"({room[tightest] / (1 << 30):.1f} GiB)")
+    return {"k": k, "asked": MAX_INFLIGHT_THROUGHPUT, "reason": reason, "slot_bytes_per_k": per_k,
+            "room_bytes": room}
+
+
+def _throughput_one(system: str, s: Settings, buffer: int, k: int) -> dict[str, Any]:
     sizes: dict[str, Any] = {}
-    with system_on_dag(system, THROUGHPUT_DAG, buffer, MAX_INFLIGHT_THROUGHPUT) as (runner, _):
+    with system_on_dag(system, THROUGHPUT_DAG, buffer, k) as (runner, _):
         for size in s.sizes:
             arr = np.ones(size, dtype=np.uint8)
             arr[-1] = 2
             first_run(runner, arr, (size, 1, 2), system)
             iters = s.throughput_iters(size)
-            stats = summarize_ns(time_calls(lambda a=arr: runner.run(a), iters, 3))
+            stats: dict[str, Any] = summarize_ns(time_calls(lambda a=arr: runner.run(a), iters, 3))
             stats["gbps"] = gb_per_s(size, stats["median_us"] / 1e6)
+            stats["sustained_gbps"] = gb_per_s(size, stats["mean_us"] / 1e6)  # bytes x N / total time
+            stats["pipelined"] = pipelined(runner, arr, k, s.pipelined_iters(size), s.pipelined_repeats)
             sizes[str(size)] = stats
-            log(f"  throughput {system} {size // MiB} MiB: median {stats['median_us'] / 1e3:.2f} ms, "
-                f"{stats['gbps']:.2f} GB/s ({iters} runs)")
+            log(f"  throughput {system} {size // MiB} MiB: sequential median {stats['median_us'] / 1e3:.2f} ms, "
+                f"{stats['gbps']:.2f} GB/s ({iters} runs); pipelined k={k} "
+                f"{stats['pipelined']['gbps']:.2f} GB/s")
     return {"sizes": sizes, "teardown_s": runner.teardown_s}
+
+
+def pipelined(runner: Runner, arr: Any, k: int, count: int, repeats: int) -> dict[str, Any]:
+    """Sustained GB/s with ``k`` executions in flight: the median of ``repeats`` runs."""
+    walls = [sliding_window(runner, arr, k, count) for _ in range(repeats)]
+    gbps = [gb_per_s(arr.nbytes * count, wall) for wall in walls]
+    return {"window": k, "executions": count, "repeats": repeats, "wall_s": walls, "gbps_each": gbps,
+            "gbps": percentile(gbps, 50), "results_checked": count * repeats}
+
+
+def sliding_window(runner: Runner, arr: Any, k: int, count: int) -> float:
+    """Seconds for ``count`` executions of ``arr``, ``k`` in flight: submit ``k``, then
+    read the oldest result and submit the next, until all are read.
+
+    Before each submit the array's first and last bytes are set to the execution's
+    number (every system copies its input at submit), and the result must echo them:
+    a result read from the wrong slot, or an input overwritten too early, fails the run.
+    """
+    inflight: deque[tuple[int, Any]] = deque()
+
+    def read_oldest() -> None:
+        i, ref = inflight.popleft()
+        got, want = tuple(runner.fetch(ref)), (arr.nbytes, i % 256, i // 256 % 256)
+        if got != want:
+            raise RuntimeError(f"pipelined execution {i} returned {got}, expected {want}")
+
+    start = time.perf_counter()
+    for i in range(count):
+        if len(inflight) == k:
+            read_oldest()
+        arr[0], arr[-1] = i % 256, i // 256 % 256
+        inflight.append((i, runner.submit(arr)))
+    while inflight:
+        read_oldest()
+    return time.perf_counter() - start
 
 
 def measure_idle_cpu(s: Settings, gate: CgraphGate) -> dict[str, Any]:
@@ -487,198 +541,6 @@ def _log_system(what: str, system: str, entry: dict[str, Any]) -> None:
         log(f"  {what} {system}: median compile {entry['median_compile_s']:.3f} s")
 
 
-# ================================================================== targets and report
-LABELS = {"cgraph": "cgraph", "ray_cgraph": "Ray Compiled Graphs", "ray_plain": "plain Ray calls"}
-
-
-def _target(name: str, requirement: str, cgraph: str, anchor: str, ok: bool | None) -> dict[str, Any]:
-    return {"target": name, "requirement": requirement, "cgraph": cgraph, "anchor": anchor,
-            "verdict": verdict(ok)}
-
-
-def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, each with cgraph's value, the anchor's, and PASS/MISS/n/a."""
-    sec = results["sections"]
-    floor = ok_entry(sec.get("floor"))
-    floor_rt = floor["floor_round_trip_us"] if floor else None
-    rows = []
-    for dag, entry in (ok_entry(sec.get("latency")) or {}).get("dags", {}).items():
-        rows += _latency_targets(dag, entry["systems"], floor_rt)
-    rows.append(_throughput_target(ok_entry(sec.get("throughput")), ok_entry(sec.get("memcpy"))))
-    idle = (ok_entry(sec.get("idle_cpu")) or {}).get("systems", {})
-    cg, anchor = ok_entry(idle.get("cgraph")), ok_entry(idle.get("ray_cgraph"))
-    rows.append(_target("idle actor CPU", "< 1% of a core (max over actors)",
-                        fmt(cg and cg["max_actor_percent"], 2, "%"),
-                        f"Ray CG {fmt(anchor and anchor['max_actor_percent'], 1, '%')}",
-                        cg and cg["max_actor_percent"] < 1.0))
-    comp = (ok_entry(sec.get("compile")) or {}).get("systems", {})
-    cg, anchor = ok_entry(comp.get("cgraph")), ok_entry(comp.get("ray_cgraph"))
-    rows.append(_target("compile chain3", "< 1 s (median)", fmt(cg and cg["median_compile_s"], 3, "s"),
-                        f"Ray CG {fmt(anchor and anchor['median_compile_s'], 3, 's')}",
-                        cg and cg["median_compile_s"] < 1.0))
-    return rows
-
-
-def _latency_targets(dag: str, systems: dict[str, Any], floor_rt: float | None) -> list[dict[str, Any]]:
-    cg, anchor = ok_entry(systems.get("cgraph")), ok_entry(systems.get("ray_cgraph"))
-    need = anchor["median_us"] / 4 if anchor else None
-    hop_need = 3 * floor_rt if floor_rt else None
-    anchor_p99 = anchor and anchor["p99_us"] / anchor["median_us"]
-    return [
-        _target(f"latency {dag}", f"median <= 1/4 of Ray CG (<= {fmt(need, 1, 'us')})",
-                fmt(cg and cg["median_us"], 1, "us"), f"Ray CG {fmt(anchor and anchor['median_us'], 1, 'us')}",
-                cg and need and cg["median_us"] <= need),
-        _target(f"per-hop {dag}", f"<= 3x bare wake-up round trip (<= {fmt(hop_need, 1, 'us')})",
-                fmt(cg and cg["per_hop_median_us"], 1, "us"),
-                f"Ray CG {fmt(anchor and anchor['per_hop_median_us'], 1, 'us')}",
-                cg and hop_need and cg["per_hop_median_us"] <= hop_need),
-        _target(f"p99 {dag}", "p99 <= 5x own median", fmt_ratio(cg and cg["p99_us"] / cg["median_us"]),
-                f"Ray CG {fmt_ratio(anchor_p99)}", cg and cg["p99_us"] <= 5 * cg["median_us"]),
-    ]
-
-
-def _throughput_target(tput: dict[str, Any] | None, memcpy: dict[str, Any] | None) -> dict[str, Any]:
-    name = "throughput, largest array"
-    if not tput or not memcpy:
-        return _target(name, ">= 50% of memcpy into shm", "-", "-", None)
-    size = max(int(k) for k in memcpy["sizes"])
-    ref = memcpy["sizes"][str(size)]["shm_gbps"]
-
-    def share(system: str) -> float | None:
-        entry = ok_entry(tput["systems"].get(system))
-        row = entry and entry["sizes"].get(str(size))
-        return row["gbps"] / ref if row else None
-
-    cg, anchor = share("cgraph"), share("ray_cgraph")
-    return _target(f"{name} ({size // MiB} MiB)", f">= 50% of memcpy into shm ({ref:.2f} GB/s)",
-                   fmt(cg and 100 * cg, 0, "%"), f"Ray CG {fmt(anchor and 100 * anchor, 0, '%')}",
-                   cg and cg >= 0.5)
-
-
-def render_markdown(results: dict[str, Any]) -> str:
-    """runtime.md: the targets, one table per section, notes, and the definitions."""
-    host, sec = results["host"], results["sections"]
-    parts = [
-        "# Runtime: cgraph vs Ray Compiled Graphs vs plain Ray",
-        f"Measured {results['created']} on {host['cpu_model']} ({host['cpu_count']} cores), "
-        f"Python {host['python']}, Ray {host.get('ray', '?')}, numpy {host.get('numpy', '?')}; "
-        f"`{results['command']}`" + (" (**quick run: few iterations, small arrays**)" if results["quick"] else "")
-        + ". All systems measured in this one run; every (system, DAG) pair on fresh actors. "
-        f"Before the run {fmt(host.get('background_busy_percent'), 0, '%')} of all cores were busy "
-        f"(load average {fmt(host.get('load_average_1m'), 2)}): the machine is shared, so "
-        "absolute numbers move between runs; compare the ratios within one run.",
-        "## Targets",
-        markdown_table(["target", "requirement", "cgraph", "anchor", "verdict"],
-                       [list(t.values()) for t in results.get("targets", [])]),
-    ]
-    for title, render in (("Round-trip latency", _md_latency), ("Throughput of numpy arrays", _md_throughput),
-                          ("Physical floor: bare wake-up round trip", _md_floor),
-                          ("Idle CPU of a compiled 3-actor chain", _md_idle), ("Compile time", _md_compile)):
-        parts += [f"## {title}", render(sec)]
-    notes = _notes(sec)
-    if notes:
-        parts += ["## Notes", "\n".join(f"- {n}" for n in notes)]
-    definitions = __doc__.split("\n\n", 2)[2].rsplit("\n\n", 1)[0]
-    return "\n\n".join([*parts, "## Definitions", f"```\n{definitions}\n```"])
-
-
-def _md_latency(sec: dict[str, Any]) -> str:
-    if status := status_note(sec, "latency"):
-        return status
-    rows = []
-    for dag, entry in sec["latency"]["dags"].items():
-        anchor = ok_entry(entry["systems"].get("ray_cgraph"))
-
-        def cells(r: dict[str, Any], anchor: dict[str, Any] | None = anchor) -> list[list[str]]:
-            return [[fmt(r["median_us"]), fmt(r["p99_us"]), fmt(r["per_hop_median_us"]),
-                     fmt_ratio(r["p99_us"] / r["median_us"]),
-                     fmt_ratio(r["median_us"] / anchor["median_us"]) if anchor else "-"]]
-
-        rows += system_rows([f"{dag} ({entry['hops']} hops)"], entry["systems"], LABELS, 7, cells)
-    return (f"Microseconds, {sec['latency']['iterations']} executions per row after warm-up.\n\n"
-            + markdown_table(["DAG", "system", "median us", "p99 us", "per-hop median us", "p99/median",
-                              "median vs Ray CG"], rows))
-
-
-def _md_throughput(sec: dict[str, Any]) -> str:
-    tput, memcpy = ok_entry(sec.get("throughput")), ok_entry(sec.get("memcpy"))
-    refs = (memcpy or {}).get("sizes", {})
-    rows = [[name, "all", status, "", "", ""] for name in ("throughput", "memcpy")
-            if (status := status_note(sec, name))]
-
-    def cells(entry: dict[str, Any]) -> list[list[str]]:
-        return [[f"{int(size) // MiB} MiB", fmt(r["median_us"] / 1e3, 2), fmt(r["p99_us"] / 1e3, 2),
-                 fmt(r["gbps"], 2),
-                 fmt(100 * r["gbps"] / refs[size]["shm_gbps"], 0, "%") if size in refs else "-"]
-                for size, r in entry["sizes"].items()]
-
-    rows += system_rows([], (tput or {}).get("systems", {}), LABELS, 6, cells)
-    for size, ref in refs.items():
-        rows += [[f"memcpy into {dst} (1 core)", f"{int(size) // MiB} MiB", fmt(ref[f"{dst}_median_ms"], 2), "",
-                  fmt(ref[f"{dst}_gbps"], 2), "100%" if dst == "shm" else ""] for dst in ("shm", "numpy")]
-    return (f"`{THROUGHPUT_DAG.picture}`; GB/s = array bytes / median execution time (1 GB = 1e9 B).\n\n"
-            + markdown_table(["system", "array", "median ms", "p99 ms", "GB/s", "% of memcpy into shm"], rows))
-
-
-def _md_floor(sec: dict[str, Any]) -> str:
-    if status := status_note(sec, "floor"):
-        return status
-    floor = sec["floor"]
-    rows = [[kind, fmt(floor[kind]["median_us"]), fmt(floor[kind]["p99_us"]), fmt(floor[kind]["min_us"]),
-             fmt(floor[kind]["best_batch_median_us"])] for kind in ("pipe", "eventfd")]
-    return (f"Two forked processes, {floor['iterations']} round trips each in {floor['batches']} batches; "
-            "other work on the shared cores only adds to a wake-up, so the floor the targets use is the "
-            f"best batch median of the cheaper primitive: {floor['floor_round_trip_us']:.1f} us.\n\n"
-            + markdown_table(["primitive", "median us", "p99 us", "min us", "best batch median us"], rows))
-
-
-def _md_idle(sec: dict[str, Any]) -> str:
-    if status := status_note(sec, "idle_cpu"):
-        return status
-
-    def cells(r: dict[str, Any]) -> list[list[str]]:
-        return [[", ".join(fmt(p, 1, "%") for p in r["actor_percent"]), fmt(r["max_actor_percent"], 1, "%"),
-                 ", ".join(fmt(p, 2, "%") for p in r["actor_percent_schedstat"]), fmt(r["driver_percent"], 1, "%")]]
-
-    rows = system_rows([], sec["idle_cpu"]["systems"], LABELS, 5, cells)
-    return (f"% of one core over {sec['idle_cpu']['idle_seconds']:g} s after 20 executions (plain Ray: the "
-            "same actors, nothing compiled). /proc/<pid>/stat counts 10 ms ticks.\n\n"
-            + markdown_table(["system", "each actor (stat)", "max actor (stat)", "each actor (schedstat)",
-                              "driver (stat)"], rows))
-
-
-def _md_compile(sec: dict[str, Any]) -> str:
-    if status := status_note(sec, "compile"):
-        return status
-
-    def cells(r: dict[str, Any]) -> list[list[str]]:
-        return [[fmt(r["median_compile_s"], 3), fmt(r["median_first_execute_s"], 3),
-                 fmt(r["median_teardown_s"], 3), ", ".join(f"{t:.3f}" for t in r["compile_s"])]]
-
-    rows = system_rows([], sec["compile"]["systems"], LABELS, 5, cells)
-    return (f"Seconds; chain3 on 3 existing actors, {sec['compile']['cycles']} cycles.\n\n"
-            + markdown_table(["system", "median compile s", "median first execute s", "median teardown s",
-                              "each compile s"], rows))
-
-
-def _notes(sec: dict[str, Any]) -> list[str]:
-    """What a reader of the tables should know, derived from this run's numbers."""
-    notes = []
-    tput = (ok_entry(sec.get("throughput")) or {}).get("systems", {})
-    ray_tput = ok_entry(tput.get("ray_cgraph"))
-    if ray_tput and (ray_tput.get("teardown_s") or 0) > 4:
-        notes.append(f"Ray Compiled Graphs' teardown of the throughput graph did not finish: after "
-                     f"RAY_CGRAPH_teardown_timeout={ENV['RAY_CGRAPH_teardown_timeout']} s it killed the actors "
-                     f"({ray_tput['teardown_s']:.1f} s).")
-    if tput:
-        notes.append("The array crosses two channels one after the other, so an executor that copies it "
-                     "at memcpy speed on both hops reaches 50% of memcpy; more needs fewer copies.")
-    plain = ok_entry((ok_entry(sec.get("idle_cpu")) or {}).get("systems", {}).get("ray_plain"))
-    if plain:
-        notes.append(f"For scale: an idle plain Ray actor with nothing compiled uses up to "
-                     f"{max(plain['actor_percent_schedstat']):.2f}% of a core (Ray's own threads, schedstat).")
-    return notes
-
 
 # ================================================================== main
 def main(argv: list[str] | None = None) -> int:
@@ -696,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         run_section(results, name, {"floor": lambda: measure_floor(s), "memcpy": lambda: measure_memcpy(s)}[name])
     ray_sections = [n for n in args.sections if n in RAY_SECTIONS]
     if ray_sections:
-        with ray_session(num_cpus=4, object_store_memory=2 << 30):
+        with ray_session(num_cpus=4, object_store_memory=OBJECT_STORE_BYTES):
             results["host"]["ray"] = ray.__version__
             table = {"latency": measure_latency, "throughput": measure_throughput,
                      "idle_cpu": measure_idle_cpu, "compile": measure_compile}

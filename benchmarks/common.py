@@ -237,6 +237,14 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
+def memory_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo: what can be allocated without swapping."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024  # the kernel reports kB
+    return 0
+
+
 # ---------------------------------------------------------------- guarded calls
 class CallTimeout(RuntimeError):
     """``call_with_timeout`` gave up waiting (the call may still be running)."""
