@@ -5,7 +5,9 @@ set -uo pipefail
 PY="${1:-.venv/bin/python}"
 export OMP_NUM_THREADS=1
 export RAY_DEDUP_LOGS=0
-"$PY" -m pytest tests -q -p no:cacheprovider "${@:2}"
+# unit tests first: they check that nothing in them starts Ray, and tests/ray
+# keeps one Ray instance alive until the end of the session.
+"$PY" -m pytest tests/unit tests/ray tests/gpu -q -p no:cacheprovider "${@:2}"
 rc=$?
 if [ $rc -eq 5 ]; then echo "no tests collected"; fi
 exit $rc
