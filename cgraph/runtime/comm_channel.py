@@ -83,12 +83,15 @@ class _Extractor(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.tensor_type = tensor_type
         self.tensors: list[Any] = []
+        self.index: dict[int, int] = {}  # id(tensor) -> its index: one tensor twice stays one
 
     def persistent_id(self, obj: Any) -> int | None:
-        if isinstance(obj, self.tensor_type):
+        if not isinstance(obj, self.tensor_type):
+            return None
+        if id(obj) not in self.index:
+            self.index[id(obj)] = len(self.tensors)
             self.tensors.append(obj)
-            return len(self.tensors) - 1
-        return None
+        return self.index[id(obj)]
 
 
 class _Restorer(pickle.Unpickler):

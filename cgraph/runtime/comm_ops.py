@@ -18,8 +18,10 @@ depends on its stream, which the overlap pass sets:
               comm thread:  recv n1 ── recv n2 ──
               main thread:        wait n1 ─ C3 ───── wait n2 (already there) ─ C4
 
-Every comm op of an actor goes through one thread in schedule order, so
-pairs stay matched as the scheduler planned them. At the end of an execution
+When an actor has a comm thread, every comm op of it goes through that
+thread in schedule order, so pairs stay matched as the scheduler planned
+them, and each op starts no later than if the lane ran one op at a time: a
+schedule the deadlock check passed cannot deadlock here. At the end of an execution
 the actor waits for its comm thread to finish that execution's ops (before
 the shared-memory slots read in it are released, since a SEND may still be
 copying out of one). A failure on the thread (a channel closed by teardown or
@@ -70,15 +72,18 @@ class CommState:
         ctx.end_hooks.append(self.end_execution)
 
     def run(self, op: Op, comm: Any, body: Body) -> Any:
-        """``body`` on the comm thread (a ``Pending`` comes back) or inline (its value)."""
+        """Run ``body`` for ``op``: inline without a comm thread; with one, on it (a
+        ``Pending`` for an op of the comm stream, else its value, waited for)."""
         from cgraph.runtime.executor import Pending
 
         token = _mark(comm)
-        if op.stream is Stream.COMM and self.thread is not None:
-            future = self.thread.submit(_on_stream, comm, token, body)
-            self.futures.append(future)
-            return Pending(lambda: _join(*future.result()))
-        return _join(*_on_stream(comm, token, body))
+        if self.thread is None:
+            return _join(*_on_stream(comm, token, body))
+        # With a comm thread, every comm op goes through it, so they keep schedule order.
+        future = self.thread.submit(_on_stream, comm, token, body)
+        self.futures.append(future)
+        pending = Pending(lambda: _join(*future.result()))
+        return pending if op.stream is Stream.COMM else pending.result()
 
     def origin(self, method: str) -> Callable[[Exception], ErrorValue]:
         execution, actor = self.ctx.execution, self.ctx.program.label

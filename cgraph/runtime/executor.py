@@ -20,7 +20,14 @@ from cgraph.errors import ChannelClosedError
 from cgraph.runtime.comm_ops import handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.runtime.program import ARG_CONST, ARG_INPUT, ARG_VALUE, ActorProgram, ArgSpec, ComputeSpec
+from cgraph.runtime.program import (
+    ARG_CONST,
+    ARG_INPUT,
+    ARG_VALUE,
+    ActorProgram,
+    ArgSpec,
+    ComputeSpec,
+)
 from cgraph.scheduler.ops import Op, OpKind
 
 

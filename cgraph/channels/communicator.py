@@ -1,0 +1,227 @@
+"""The ``Communicator`` interface: how tensors move between the actors of a group.
+
+A communicator joins ``world_size`` processes (ranks ``0 .. world_size-1``).
+Every call is matched by the peers it names, in the same order on every rank,
+as with NCCL or MPI: a ``send(t, 1)`` on rank 0 pairs with the next
+``recv(buf, 0)`` on rank 1; a collective must be called by every rank with
+tensors of the same shape and dtype. Receives and collectives write into
+tensors the caller allocated (``recv`` into a buffer of the agreed shape and
+dtype), so nothing is allocated behind the caller's back.
+
+    method                          result (in place)                      default below
+    send(t, dst) / recv(buf, src)   buf on dst holds t                     abstract
+    allreduce(t, op)                t = op over every rank's t             star over send/recv
+    allgather(outs, t)              outs[r] = rank r's t                   star over send/recv
+    reducescatter(out, ts, op)      out = op over ranks of chunk `rank`    star over send/recv
+    broadcast(t, src)               t = src's t                            src sends to each rank
+    barrier()                       returns once every rank called it      allreduce of one element
+    synchronize()                   queued work (a GPU stream) is done     no-op (CPU: calls block)
+
+``stream`` is the ``torch.cuda.Stream`` a GPU communicator enqueues on (its
+calls return before the data has moved; ``synchronize`` waits) and ``None`` on
+the CPU, where every call blocks until its part is done. ``device`` is where
+``recv`` buffers are allocated.
+
+Implementations: ``CpuCommunicator`` (shared-memory links, cgraph's collective
+algorithms), ``NcclCommunicator`` (torch.distributed's ProcessGroupNCCL),
+``CudaIpcCommunicator`` (actors sharing one GPU). A user-supplied communicator
+subclasses ``Communicator``: it must implement ``initialize``, ``rank``,
+``world_size``, ``send`` and ``recv``; the collectives have the star defaults
+below (correct with rendezvous point-to-point, slow for big groups), which it
+may override. cgraph pickles the user's object, ships one copy to every member
+actor and calls ``initialize(rank, world_size, group_name)`` there before any
+other call; ``abort`` (optional) must make calls blocked in other threads fail.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+from cgraph.collective.types import ReduceOp
+
+if TYPE_CHECKING:
+    import torch
+
+_TORCH_REDUCE = {
+    ReduceOp.SUM: "add",
+    ReduceOp.PRODUCT: "mul",
+    ReduceOp.MIN: "minimum",
+    ReduceOp.MAX: "maximum",
+}
+"""The torch function combining two tensors for each reduce op (every op has a row)."""
+
+REQUIRED = ("initialize", "send", "recv", "allreduce", "allgather", "reducescatter",
+            "broadcast", "barrier", "synchronize", "destroy")
+"""Methods a communicator object must have (``Communicator`` subclasses have them all)."""
+
+
+def as_reduce_op(op: ReduceOp | str) -> ReduceOp:
+    """``ReduceOp.SUM`` from ``ReduceOp.SUM``, ``"sum"`` or ``"SUM"``.
+
+    Raises:
+        ValueError: an unknown op name.
+    """
+    if isinstance(op, ReduceOp):
+        return op
+    try:
+        return ReduceOp(str(getattr(op, "name", op)).lower())
+    except ValueError:
+        raise ValueError(
+            f"unknown reduce op {op!r}; use one of {[o.value for o in ReduceOp]}"
+        ) from None
+
+
+def reduce_into(op: ReduceOp, acc: torch.Tensor, other: torch.Tensor) -> None:
+    """``acc = op(acc, other)`` in place, with torch."""
+    import torch
+
+    getattr(torch, _TORCH_REDUCE[op])(acc, other, out=acc)
+
+
+def missing_methods(obj: Any) -> list[str]:
+    """The interface methods ``obj`` lacks (empty for a usable communicator)."""
+    return [name for name in REQUIRED if not callable(getattr(obj, name, None))]
+
+
+class Communicator(ABC):
+    """A group of ranks that move torch tensors between each other (see the module docstring)."""
+
+    def initialize(self, rank: int, world_size: int, group_name: str) -> None:  # noqa: B027 - optional hook
+        """Called once in each member process before any other call.
+
+        Built-in communicators are created initialised; a user communicator
+        connects to its peers here. ``group_name`` is unique per compiled graph
+        and group, for rendezvous keys.
+        """
+
+    @property
+    @abstractmethod
+    def rank(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def world_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where ``recv`` buffers are allocated (the CPU unless overridden)."""
+        import torch
+
+        return torch.device("cpu")
+
+    @property
+    def stream(self) -> Any:
+        """The ``torch.cuda.Stream`` calls are enqueued on; ``None`` when calls block."""
+        return None
+
+    @abstractmethod
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        """Send ``tensor`` to rank ``dst`` (matched by its next ``recv`` from this rank)."""
+
+    @abstractmethod
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        """Fill ``tensor`` (shape and dtype agreed with the sender) from rank ``src``."""
+
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        """Reduce ``tensor`` across ranks in place; rank 0 reduces in rank order."""
+        op = as_reduce_op(op)
+        if self.rank != 0:
+            self.send(tensor, 0)
+            self.recv(tensor, 0)
+            return
+        incoming = tensor.new_empty(tensor.shape)
+        for src in range(1, self.world_size):
+            self.recv(incoming, src)
+            reduce_into(op, tensor, incoming)
+        for dst in range(1, self.world_size):
+            self.send(tensor, dst)
+
+    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        """``out[r]`` = rank r's ``tensor`` on every rank (``out`` has ``world_size`` buffers)."""
+        _check_parts(out, self.world_size, "allgather")
+        out[self.rank].copy_(tensor)
+        if self.rank != 0:
+            self.send(tensor, 0)
+            for part in out:
+                self.recv(part, 0)
+            return
+        for src in range(1, self.world_size):
+            self.recv(out[src], src)
+        for dst in range(1, self.world_size):
+            for part in out:
+                self.send(part, dst)
+
+    def reducescatter(
+        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM
+    ) -> None:
+        """``out`` = op over ranks of their chunk number ``rank``.
+
+        ``tensors`` is ``world_size`` tensors shaped like ``out``, or one tensor
+        of ``world_size * out.numel()`` elements cut into equal chunks.
+        """
+        op = as_reduce_op(op)
+        parts = split_chunks(out, tensors, self.world_size)
+        if self.rank != 0:
+            for part in parts:
+                self.send(part.contiguous(), 0)
+            self.recv(out, 0)
+            return
+        acc = [part.clone() for part in parts]
+        incoming = out.new_empty(out.shape)
+        for src in range(1, self.world_size):
+            for chunk in acc:
+                self.recv(incoming, src)
+                reduce_into(op, chunk, incoming)
+        for dst in range(1, self.world_size):
+            self.send(acc[dst], dst)
+        out.copy_(acc[0])
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        """Copy rank ``src``'s ``tensor`` into every rank's ``tensor``."""
+        if self.rank == src:
+            for dst in range(self.world_size):
+                if dst != src:
+                    self.send(tensor, dst)
+        else:
+            self.recv(tensor, src)
+
+    def barrier(self) -> None:
+        """Return on every rank once every rank has called ``barrier``."""
+        import torch
+
+        self.allreduce(torch.zeros(1, device=self.device))
+        self.synchronize()
+
+    def synchronize(self) -> None:  # noqa: B027 - optional hook
+        """Block until the work this communicator queued is done (no-op when calls block)."""
+
+    def abort(self) -> None:  # noqa: B027 - optional hook
+        """Make calls blocked in other threads fail (teardown, a dead peer). Idempotent."""
+
+    def destroy(self) -> None:  # noqa: B027 - optional hook
+        """Free this rank's resources. Idempotent; the group is unusable afterwards."""
+
+
+def split_chunks(
+    out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], world_size: int
+) -> list[torch.Tensor]:
+    """The ``world_size`` input chunks of a reducescatter, each shaped like ``out``.
+
+    Raises:
+        ValueError: the inputs do not hold ``world_size`` chunks of ``out``'s size.
+    """
+    if isinstance(tensors, (list, tuple)):
+        _check_parts(tensors, world_size, "reducescatter")
+        return [t.reshape(out.shape) for t in tensors]
+    if tensors.numel() != world_size * out.numel():
+        raise ValueError(
+            f"reducescatter: the input has {tensors.numel()} elements, expected "
+            f"world_size * out.numel() = {world_size} * {out.numel()}"
+        )
+    return [c.reshape(out.shape) for c in tensors.reshape(world_size, -1).unbind(0)]
+
+
+def _check_parts(parts: Any, world_size: int, what: str) -> None:
+    if len(parts) != world_size:
+        raise ValueError(f"{what}: got {len(parts)} tensors for a group of {world_size} ranks")

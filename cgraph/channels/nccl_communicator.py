@@ -1,0 +1,172 @@
+"""NCCL communicator: torch.distributed's ``ProcessGroupNCCL``, joined through a driver's TCPStore.
+
+    driver                                     actor (rank r of n)
+    store = TCPStore(ip, port 0, master)  ──►  TCPStore(ip, port) client
+    NcclRendezvous(ip, port, prefix)           PrefixStore(prefix, client)
+                                               ProcessGroupNCCL(prefix store, r, n)
+
+The process group is built directly (no ``init_process_group``, so no global
+default group is touched and one actor may belong to several graphs' groups);
+NCCL's unique id travels through the store. Calls are enqueued with
+``self.stream`` as the current stream: ProcessGroupNCCL makes its internal
+NCCL stream wait for it, and ``Work.wait()`` makes ``self.stream`` wait for the
+NCCL stream, so the CPU never blocks and work queued on ``self.stream`` after a
+call sees its result. ``synchronize`` blocks the CPU until that stream is done.
+
+``abort`` (from any thread: the actor's watcher calls it when the driver closes
+the graph) aborts the NCCL communicators, so a call blocked on a dead peer
+fails instead of hanging. Every call here needs CUDA and cannot run on a CPU
+machine; ``NcclRendezvous.create`` (the driver side) needs only torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from cgraph.channels.communicator import Communicator, as_reduce_op, split_chunks
+from cgraph.collective.types import ReduceOp
+
+if TYPE_CHECKING:
+    import torch
+
+TIMEOUT = timedelta(minutes=30)
+"""NCCL's own watchdog timeout; cgraph's teardown aborts long before it fires."""
+
+_TORCH_OP = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PRODUCT", ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX"}
+
+
+@dataclass(frozen=True)
+class NcclRendezvous:
+    """Where the members meet (picklable): the driver's TCPStore and a key prefix."""
+
+    host: str
+    port: int
+    prefix: str
+
+    @classmethod
+    def create(cls, prefix: str) -> tuple[NcclRendezvous, Any]:
+        """Start a TCPStore server on this node (the driver) on a free port.
+
+        Returns:
+            The rendezvous record to ship, and the store (keep it alive until teardown).
+        """
+        import ray
+        from torch.distributed import TCPStore
+
+        host = ray.util.get_node_ip_address()
+        store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+        return cls(host, store.port, prefix), store
+
+
+class NcclCommunicator(Communicator):
+    """One rank of a NCCL group (see the module docstring).
+
+    Raises:
+        RuntimeError: CUDA or torch's NCCL backend is not available here.
+    """
+
+    def __init__(self, rendezvous: NcclRendezvous, rank: int, world_size: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not torch.cuda.is_available() or not dist.is_nccl_available():
+            raise RuntimeError(
+                "the NCCL communicator needs CUDA and a torch built with NCCL; on CPU actors "
+                'compile with default_communicator="cpu" (the CPU communicator)'
+            )
+        client = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=timedelta(seconds=60))
+        store = dist.PrefixStore(rendezvous.prefix, client)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = TIMEOUT
+        self._device = torch.device("cuda", torch.cuda.current_device())
+        self._pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
+        self._stream = torch.cuda.Stream(self._device)
+        self._rank, self._size = rank, world_size
+        self._lock = threading.Lock()
+        self._done = False
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def stream(self) -> Any:
+        return self._stream
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self._run(lambda: self._pg.send([tensor], dst, 0))
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        self._run(lambda: self._pg.recv([tensor], src, 0))
+
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        import torch.distributed as dist
+
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = _torch_op(op)
+        self._run(lambda: self._pg.allreduce([tensor], opts))
+
+    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        self._run(lambda: self._pg.allgather([list(out)], [tensor]))
+
+    def reducescatter(
+        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM
+    ) -> None:
+        import torch.distributed as dist
+
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = _torch_op(op)
+        parts = [p.contiguous() for p in split_chunks(out, tensors, self._size)]
+        self._run(lambda: self._pg.reduce_scatter([out], [parts], opts))
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self._run(lambda: self._pg.broadcast([tensor], opts))
+
+    def synchronize(self) -> None:
+        self._stream.synchronize()
+
+    def abort(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._pg.abort()
+
+    def destroy(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        shutdown = getattr(self._pg, "shutdown", None) or self._pg.abort
+        shutdown()
+
+    def _run(self, call: Any) -> None:
+        import torch
+
+        if self._done:
+            from cgraph.errors import ChannelClosedError
+
+            raise ChannelClosedError("the NCCL communicator was aborted (teardown or a failed peer)")
+        with torch.cuda.device(self._device), torch.cuda.stream(self._stream):
+            call().wait()  # the current stream (self._stream) waits; the CPU does not
+
+
+def _torch_op(op: ReduceOp | str) -> Any:
+    import torch.distributed as dist
+
+    return getattr(dist.ReduceOp, _TORCH_OP[as_reduce_op(op)])

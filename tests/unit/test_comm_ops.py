@@ -1,0 +1,278 @@
+"""SEND / RECV / COLLECTIVE handlers: whole graphs run in threads, without Ray.
+
+    text graph ─plan_schedule─► channels (create_channel) + communicators (setup_communicators)
+                                     │ one ActorProgram per actor, pickled as Ray would ship it
+                                     ▼
+              thread per actor: run_actor_loop(instance, program)      driver: input writer, output readers
+
+The harness is what ``launch`` does, minus Ray: it checks the handlers, the
+overlap thread, collectives, error values and user communicators on the
+CPU communicator in milliseconds.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+import threading
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from cgraph.channels.communicator import Communicator
+from cgraph.collective.transport import LocalTransport
+from cgraph.errors import CompileError
+from cgraph.ir import DRIVER, parse_graph
+from cgraph.runtime.communicators import GROUP_KINDS, plan_groups, setup_communicators
+from cgraph.runtime.endpoints import create_channel
+from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.executor import HANDLERS, run_actor_loop
+from cgraph.runtime.options import CompileOptions
+from cgraph.runtime.program import ActorProgram, compute_spec
+from cgraph.scheduler import OpKind, format_schedule, plan_schedule
+
+
+@pytest.fixture(autouse=True)
+def no_segments_left():  # type: ignore[no-untyped-def]
+    """Every test here removes the shared-memory segments it made."""
+    before = set(glob.glob(f"/dev/shm/cgraph_{os.getpid()}_*"))
+    yield
+    assert set(glob.glob(f"/dev/shm/cgraph_{os.getpid()}_*")) - before == set()
+
+
+class W:
+    def make(self, x: int) -> torch.Tensor:
+        return torch.full((3,), float(x))
+
+    def nested(self, x: int) -> dict[str, Any]:
+        return {"t": torch.arange(abs(x) + 1.0), "k": x}
+
+    def double(self, t: Any) -> Any:
+        return t * 2
+
+    def total(self, *ts: Any) -> float:
+        return float(sum(float(t["t"].sum()) if isinstance(t, dict) else float(t.sum()) for t in ts))
+
+    def fail_if(self, x: int) -> torch.Tensor:
+        if x < 0:
+            raise ValueError(f"negative {x}")
+        return torch.full((2,), float(x))
+
+    def ident(self, t: Any) -> Any:
+        return t
+
+    def pos(self, x: int) -> torch.Tensor:
+        return torch.full((2,), float(abs(x)))
+
+
+class Harness:
+    """A compiled graph whose actors are threads of this process."""
+
+    def __init__(self, text: str, *, overlap: bool = False, communicators: dict[str, Any] | None = None,
+                 default: str | None = "cpu") -> None:
+        graph = parse_graph(text)
+        self.planned = plan_schedule(graph, overlap=overlap, default_communicator=default)
+        tag = uuid.uuid4().hex[:8]
+        options = CompileOptions(max_inflight_executions=4, default_communicator=default)
+        plan = self.planned.plan
+        self.res = {s.id: create_channel(s, tag=tag, options=options) for s in plan.channels}
+        front = SimpleNamespace(handles={}, communicators=communicators or {})
+        try:
+            self.comm = setup_communicators(front, self.planned, tag, options)
+        except BaseException:
+            for r in self.res.values():
+                r.unlink()
+            raise
+        self.results: dict[str, Any] = {}
+        self.threads = []
+        for actor, ops in self.planned.schedule.items():
+            program = ActorProgram(
+                actor=actor, label=actor, graph_tag=tag, ops=ops,
+                computes={op.node: compute_spec(graph.node(op.node), graph) for op in ops if op.kind is OpKind.COMPUTE},
+                readers={op.node: self.res[plan.for_reader(op.node, actor).id].reader_handle(actor)
+                         for op in ops if op.kind is OpKind.READ},
+                writers={op.node: tuple(self.res[s.id].writer_handle() for s in plan.for_node(op.node)
+                                        if s.kind.name != "COMM") for op in ops if op.kind is OpKind.WRITE},
+                input_node="n0", extra=self.comm.extra(actor),
+            )
+            program = pickle.loads(pickle.dumps(program))  # each actor gets its own copy, as from Ray
+            thread = threading.Thread(target=self._loop, args=(actor, program), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        (spec,) = plan.for_node("n0")
+        self.input = self.res[spec.id].writer_handle().attach()
+        self.outputs = [self.res[plan.for_reader(o, DRIVER).id].reader_handle(DRIVER).attach() for o in graph.outputs]
+
+    def _loop(self, actor: str, program: ActorProgram) -> None:
+        try:
+            self.results[actor] = run_actor_loop(W(), program)
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            self.results[actor] = exc
+
+    def run(self, *inputs: Any) -> list[list[Any]]:
+        for x in inputs:
+            self.input.write(((x,), {}), timeout=10)
+        out = []
+        for _ in inputs:
+            row = []
+            for reader in self.outputs:
+                row.append(pickle.loads(pickle.dumps(reader.read(timeout=20))))
+                reader.release()
+            out.append(row)
+        return out
+
+    def close(self) -> dict[str, Any]:
+        for r in (*self.res.values(), self.comm):
+            r.close()
+        for thread in self.threads:
+            thread.join(10)
+        for r in (*self.res.values(), self.comm):
+            r.unlink()
+        return self.results
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        results = self.close()
+        if exc[0] is None:
+            assert results == {a: "closed" for a in self.planned.schedule}, results
+
+
+CHAIN = """
+actor a = W(gpus=0)
+actor b = W(gpus=0)
+actor c = W(gpus=0)
+n0 = input
+n1 = a.make(n0) :nccl
+n2 = b.double(n1) :nccl
+n3 = c.total(n2)
+return n3
+"""
+
+SEED = """
+actor s1 = W(gpus=0)
+actor s2 = W(gpus=0)
+actor s3 = W(gpus=0)
+actor r = W(gpus=0)
+n0 = input
+n1 = s1.make(n0) :nccl[static_shape,direct_return]
+n2 = s2.nested(n0) :nccl
+n3 = s3.fail_if(n0) :nccl[static_shape,direct_return]
+n4 = r.total(n1)
+n5 = r.total(n2)
+n6 = r.double(n3)
+return [n4, n5, n6]
+"""
+
+
+def test_chain_through_two_communicator_edges() -> None:
+    with Harness(CHAIN) as h:
+        assert h.run(1, 2, 3) == [[6.0 * x] for x in (1, 2, 3)]
+
+
+def normalise(row: list[Any]) -> list[Any]:
+    return [v.message if isinstance(v, ErrorValue) else v.tolist() if isinstance(v, torch.Tensor) else v for v in row]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_seed_shape_same_results_with_and_without_overlap(overlap: bool) -> None:
+    inputs = [1, 4, -1, 2, 0, -3, 5]
+    with Harness(SEED, overlap=overlap) as h:
+        if overlap:
+            assert "r.RECV1<s1@comm r.RECV2<s2@comm r.RECV3<s3@comm r.C4" in format_schedule(h.planned.schedule)
+        got = [normalise(row) for row in h.run(*inputs)]
+    for x, row in zip(inputs, got, strict=True):
+        third = [2.0 * x] * 2 if x >= 0 else f"ValueError: negative {x}"
+        assert row == [3.0 * x, float(sum(range(abs(x) + 1))), third]
+
+
+COLLECTIVE = """
+actor a = W(gpus=0)
+actor b = W(gpus=0)
+actor c = W(gpus=0)
+n0 = input
+n1 = a.fail_if(n0)
+n2 = b.pos(n0)
+n3 = {method}(n1, n2)
+n4 = n3[0]
+n5 = n3[1]
+n6 = c.ident(n4)
+return [n6, n5]
+"""
+
+
+@pytest.mark.parametrize(
+    ("method", "member_a", "member_b"),
+    [
+        ("allreduce", [4.0, 4.0], [4.0, 4.0]),
+        ("allgather", [2.0] * 4, [2.0] * 4),
+        ("reducescatter", [4.0], [4.0]),
+    ],
+)
+def test_collectives_and_an_error_on_one_member(method: str, member_a: list[float], member_b: list[float]) -> None:
+    with Harness(COLLECTIVE.format(method=method)) as h:
+        ok, bad, again = h.run(2, -1, 2)
+    assert [v.tolist() for v in ok] == [member_a, member_b]
+    assert isinstance(bad[0], ErrorValue) and bad[0].message == "ValueError: negative -1"
+    assert isinstance(bad[1], ErrorValue)
+    assert "collective n3 (" + method + ") did not run: another member's input was an error" in bad[1].message
+    assert [v.tolist() for v in again] == [member_a, member_b]  # the graph keeps working
+
+
+class BoardCommunicator(Communicator):
+    """A user communicator whose members meet on an in-memory board keyed by group name."""
+
+    boards: dict[str, list[LocalTransport]] = {}
+    lock = threading.Lock()
+    sends = 0
+
+    def initialize(self, rank: int, world_size: int, group_name: str) -> None:
+        with self.lock:
+            board = self.boards.setdefault(group_name, LocalTransport.create(world_size))
+        self.ep = board[rank]
+
+    rank = property(lambda self: self.ep.rank)  # type: ignore[assignment]
+    world_size = property(lambda self: self.ep.world_size)  # type: ignore[assignment]
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        type(self).sends += 1
+        self.ep.send(np.ascontiguousarray(tensor.numpy()), dst)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        self.ep.recv(tensor.numpy(), src)
+
+    def abort(self) -> None:
+        self.ep.abort("aborted by cgraph")
+
+
+def test_user_communicator_is_copied_initialised_and_used() -> None:
+    text = CHAIN.replace(":nccl", ":custom:Board")
+    before = BoardCommunicator.sends
+    with Harness(text, communicators={"custom:Board": BoardCommunicator()}, default=None) as h:
+        assert h.run(1, 2) == [[6.0], [12.0]]
+    assert BoardCommunicator.sends - before == 4  # 2 edges x 2 executions, all through the user's object
+    bad = SimpleNamespace(send=1)
+    with pytest.raises(CompileError, match="lacks initialize, send, recv"):
+        Harness(text, communicators={"custom:Board": bad}, default=None)
+
+
+def test_every_group_kind_has_a_row_and_groups_are_planned_per_transport() -> None:
+    assert set(GROUP_KINDS) == {"cpu", "nccl", "cuda_ipc", "custom"}
+    graph = parse_graph(COLLECTIVE.format(method="allreduce"))
+    planned = plan_schedule(graph, default_communicator="cpu")
+    groups, of_collective = plan_groups(graph, planned.plan, "cpu")
+    assert {n: g.members for n, g in groups.items()} == {"cpu": ("a", "b")}
+    assert of_collective == {"n3": "cpu"}
+    planned = plan_schedule(parse_graph(CHAIN), default_communicator="cpu")
+    groups, _ = plan_groups(planned.graph, planned.plan, "cpu")
+    assert {n: g.members for n, g in groups.items()} == {"cpu": ("a", "b", "c")}
+
+
+def test_handlers_table_covers_every_op_kind() -> None:
+    assert set(HANDLERS) == set(OpKind)
