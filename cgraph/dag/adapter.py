@@ -27,27 +27,31 @@ What Ray 2.60 records, read here and nowhere else:
   Ray is not connected. ``Actor.host`` stays "": the runtime resolves hosts.
 - Ids follow creation order where Ray records it: ``_downstream_nodes`` lists
   consumers (a ClassNode's: its calls) in creation order, handle calls carry
-  bind indices. Elsewhere, level by level, as list comprehensions build.
+  bind indices. Elsewhere, level by level, as list comprehensions build
+  (``adapter_order``).
+- cgraph's collectives (``cgraph.collective.allreduce.bind([x, y])``) are
+  ``collective_node`` objects, made and read by ``adapter_collective``: a
+  COLLECTIVE node and one ITEM per member. Ray's own collective nodes are refused.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-import networkx as nx  # type: ignore[import-untyped]
 import ray
-from ray.actor import ActorHandle
 from ray.dag import ClassMethodNode, ClassNode, DAGNode, FunctionNode, InputAttributeNode
 from ray.dag import InputNode as RayInputNode
 from ray.dag import MultiOutputNode as RayMultiOutputNode
 from ray.dag.collective_node import CollectiveOutputNode
 
 from cgraph._log import logger
-from cgraph.dag import validate
+from cgraph.dag import adapter_collective, validate
+from cgraph.dag.adapter_collective import COLLECTIVE_NODES
+from cgraph.dag.adapter_order import order_nodes
+from cgraph.dag.collective_node import CollectiveOutput
 from cgraph.dag.nodes import CommunicatorTable, to_tensor_hint
 from cgraph.ir import Actor, ActorId, Arg, Const, Graph, Node, NodeKind, Ref
 
@@ -82,7 +86,7 @@ def read_dag(root: Any, *, communicators: CommunicatorTable | None = None) -> Fr
     """
     table = communicators if communicators is not None else CommunicatorTable()
     outputs, multi = _outputs(root)
-    nodes = _order(_closure(outputs))
+    nodes = order_nodes(_closure(outputs), _parents)
     _check_dead_calls(nodes)
     builder = _Builder(table)
     graph = builder.build(nodes, outputs, multi)
@@ -127,6 +131,8 @@ def _closure(outputs: list[DAGNode]) -> list[DAGNode]:
 
 def _parents(node: DAGNode) -> list[DAGNode]:
     """The nodes whose values ``node`` reads, after checking ``node`` is supported."""
+    if isinstance(node, COLLECTIVE_NODES):
+        return adapter_collective.collective_parents(node)
     if isinstance(node, (CollectiveOutputNode, FunctionNode, RayMultiOutputNode, ClassNode)):
         kind = next(c for c in type(node).__mro__ if c.__name__ in validate.UNSUPPORTED).__name__
         raise validate.unsupported_node(kind, describe(node, 0), describe(node))
@@ -174,9 +180,13 @@ def _check_dead_calls(nodes: list[DAGNode]) -> None:
     while frontier:
         node = frontier.pop()
         for d in node._downstream_nodes:
-            if id(d) in inside or not isinstance(d, (ClassMethodNode, FunctionNode)) or _only_next(d, node):
+            if id(d) in inside or not isinstance(d, (ClassMethodNode, FunctionNode, *COLLECTIVE_NODES)):
                 continue
-            if isinstance(d, ClassMethodNode) and d.is_class_method_output:
+            if _only_next(d, node):
+                continue
+            if isinstance(d, CollectiveOutput) or (
+                isinstance(d, ClassMethodNode) and d.is_class_method_output
+            ):
                 inside.add(id(d))  # an unused return value is fine, its readers are not
                 frontier.append(d)
                 continue
@@ -188,44 +198,6 @@ def _only_next(call: DAGNode, node: DAGNode) -> bool:
     if getattr(call, "_prev_class_method_call", None) is not node:
         return False
     return not _contains([*call.get_args(), *call.get_kwargs().values()], lambda v: v is node)
-
-
-# --------------------------------------------------------------------------- ordering
-def _order(dfs: list[DAGNode]) -> list[DAGNode]:
-    """A topological order that follows creation order wherever Ray records it."""
-    rank = {id(n): i for i, n in enumerate(dfs)}
-    hard = [(rank[id(p)], rank[id(n)]) for n in dfs for p in _parents(n)]
-    chains: list[list[DAGNode]] = [list(n._downstream_nodes) for n in dfs]
-    by_parent: dict[int, list[ClassMethodNode]] = {}
-    for n in dfs:
-        if isinstance(n, ClassMethodNode) and n.is_class_method_call:
-            by_parent.setdefault(id(n._parent_class_node), []).append(n)
-    for calls in by_parent.values():
-        parent = calls[0]._parent_class_node
-        if isinstance(parent, ClassNode):
-            chains.append(list(parent._downstream_nodes))
-        else:  # one handle object: its bind indices are its creation order
-            chains.append(sorted(calls, key=lambda c: (c._get_bind_index() or 0, rank[id(c)])))
-    members = [dict.fromkeys(rank[id(c)] for c in chain if id(c) in rank) for chain in chains]
-    soft = [pair for chain in members for pair in itertools.pairwise(chain)]
-    depth = [0] * len(dfs)  # longest data path from a source; dfs is topological
-    for a, b in sorted(hard, key=lambda e: e[1]):
-        depth[b] = max(depth[b], depth[a] + 1)
-    key = lambda i: (depth[i], i)  # noqa: E731 - ties Ray leaves open: level, then dfs
-    order = _toposort(len(dfs), hard + soft, key) or _toposort(len(dfs), hard, key)
-    assert order is not None, "the data edges of a Ray DAG have no cycle"
-    return [dfs[i] for i in order]
-
-
-def _toposort(n: int, edges: list[tuple[int, int]], key: Any) -> list[int] | None:
-    """Topological order, smallest ``key`` first among ready nodes; ``None`` on a cycle."""
-    graph = nx.DiGraph()
-    graph.add_nodes_from(range(n))
-    graph.add_edges_from((a, b) for a, b in edges if a != b)
-    try:
-        return list(nx.lexicographical_topological_sort(graph, key=key))
-    except nx.NetworkXUnfeasible:
-        return None
 
 
 # --------------------------------------------------------------------------- building
@@ -257,6 +229,8 @@ class _Builder:
         if isinstance(node, InputAttributeNode):
             src = Ref(self.ids[id(node.get_other_args_to_resolve()["dag_input_node"])])
             return Node(nid, NodeKind.INPUT_ATTR, args=(src,), key=node.key, hint=hint)
+        if isinstance(node, COLLECTIVE_NODES):
+            return adapter_collective.to_ir(node, nid, hint, self._arg, self._actor)
         assert isinstance(node, ClassMethodNode), node
         actor = self._actor(node._parent_class_node)
         if node.is_class_method_output:
@@ -274,7 +248,7 @@ class _Builder:
         return Const(len(self.constants) - 1)
 
     def _actor(self, parent: Any) -> ActorId:
-        key = parent._actor_id.hex() if isinstance(parent, ActorHandle) else id(parent)
+        key = adapter_collective.actor_key(parent)
         if key not in self.actor_of:
             aid = _actor_name(len(self.actors))
             cls, gpus, methods = _actor_facts(parent)
@@ -353,6 +327,8 @@ def describe(node: Any, depth: int = 1) -> str:
         return f"inp.{key}" if isinstance(key, str) and key.isidentifier() else f"inp[{key!r}]"
     if isinstance(node, ClassMethodNode) and node.is_class_method_output:
         return f"{describe(node.class_method_call, depth)}[{node.output_idx}]"
+    if isinstance(node, COLLECTIVE_NODES):
+        return adapter_collective.describe_collective(node, depth, describe)
     if isinstance(node, ClassMethodNode):
         parent: Any = node._parent_class_node
         cls = (parent._body.__name__ if isinstance(parent, ClassNode)

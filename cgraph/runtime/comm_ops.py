@@ -152,13 +152,20 @@ def handle_collective(op: Op, ctx: Any) -> None:
 
 
 # --------------------------------------------------------------------------- collectives
-def _allreduce(comm: Any, t: Any, op: str) -> Any:
+def _allreduce(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
     out = t.clone()
-    comm.allreduce(out, op)
+    if algorithm == "auto":
+        comm.allreduce(out, op)
+        return out
+    chosen, comm.algorithm = comm.algorithm, algorithm  # every member switches alike
+    try:
+        comm.allreduce(out, op)
+    finally:
+        comm.algorithm = chosen
     return out
 
 
-def _allgather(comm: Any, t: Any, op: str) -> Any:
+def _allgather(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
     import torch
 
     parts = [torch.empty_like(t) for _ in range(comm.world_size)]
@@ -166,18 +173,18 @@ def _allgather(comm: Any, t: Any, op: str) -> Any:
     return torch.cat(parts) if t.dim() else torch.stack(parts)
 
 
-def _reducescatter(comm: Any, t: Any, op: str) -> Any:
+def _reducescatter(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
     out = t.new_empty((t.shape[0] // comm.world_size, *t.shape[1:]))
     comm.reducescatter(out, t.contiguous(), op)
     return out
 
 
-COLLECTIVES: dict[str, Callable[[Any, Any, str], Any]] = {
+COLLECTIVES: dict[str, Callable[[Any, Any, str, str], Any]] = {
     "allreduce": _allreduce,
     "allgather": _allgather,
     "reducescatter": _reducescatter,
 }
-"""Each collective a DAG node can run: (communicator, input tensor, op) -> result tensor."""
+"""Each collective a DAG node can run: (communicator, input tensor, op, algorithm) -> result tensor."""
 
 
 def run_collective(
@@ -186,26 +193,44 @@ def run_collective(
     """One member's part of a collective node; a member's bad input fails it on every member.
 
     The members first agree (a one-element MAX allreduce) on whether every
-    input is usable, so an error on one member becomes an error value on all
-    of them instead of leaving the others blocked in the collective.
+    input is usable; if one is not, the lowest such rank broadcasts its error
+    value, so every member's result is that error (whichever member's result
+    the driver reads, it raises the original exception) and no member is left
+    blocked in the collective.
     """
     import torch
 
     problem = _input_problem(endpoint, comm, value)
-    flag = torch.tensor([0 if problem is None else 1], dtype=torch.int32, device=comm.device)
+    error = value if isinstance(value, ErrorValue) else origin(ValueError(problem)) if problem else None
+    mark = 0 if error is None else comm.world_size - comm.rank  # MAX picks the lowest failing rank
+    flag = torch.tensor([mark], dtype=torch.int32, device=comm.device)
     comm.allreduce(flag, "max")
     comm.synchronize()
-    if isinstance(value, ErrorValue):
-        return value, []
-    if problem is not None:
-        return origin(ValueError(problem)), []
     if int(flag.item()):
-        return origin(RuntimeGraphError(
-            f"collective {endpoint.node} ({endpoint.method}) did not run: another member's input "
-            "was an error (see that member's result)"
-        )), []
-    out = COLLECTIVES[endpoint.method](comm, value.detach().to(comm.device), endpoint.op)
+        return _share_error(comm, error, comm.world_size - int(flag.item())), []
+    out = COLLECTIVES[endpoint.method](comm, value.detach().to(comm.device), endpoint.op, endpoint.algorithm)
     return out, [out]
+
+
+def _share_error(comm: Any, error: ErrorValue | None, src: int) -> ErrorValue:
+    """Rank ``src``'s error value on every member: its pickled size, then its bytes, broadcast."""
+    import pickle
+
+    import torch
+
+    data = pickle.dumps(error) if comm.rank == src else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=comm.device)
+    comm.broadcast(size, src)
+    comm.synchronize()
+    if comm.rank == src:
+        comm.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(comm.device), src)
+        comm.synchronize()
+        assert error is not None
+        return error
+    buf = torch.empty(int(size.item()), dtype=torch.uint8, device=comm.device)
+    comm.broadcast(buf, src)
+    comm.synchronize()
+    return pickle.loads(buf.cpu().numpy().tobytes())  # type: ignore[no-any-return]
 
 
 def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str | None:
@@ -215,6 +240,9 @@ def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str |
         return value.message
     if endpoint.method not in COLLECTIVES:
         return f"collective {endpoint.node}: unknown collective {endpoint.method!r}; use one of {sorted(COLLECTIVES)}"
+    if endpoint.algorithm != "auto" and not hasattr(comm, "algorithm"):
+        return (f"collective {endpoint.node} ({endpoint.method}): algorithm={endpoint.algorithm!r} needs the CPU "
+                f"communicator, but this group runs on {type(comm).__name__}; use algorithm=\"auto\"")
     if not isinstance(value, torch.Tensor):
         return f"collective {endpoint.node} takes one torch.Tensor per member, got {type(value).__name__}"
     if endpoint.method == "reducescatter" and (value.dim() == 0 or value.shape[0] % comm.world_size):

@@ -33,7 +33,7 @@ from typing import Any
 
 from cgraph.channels.communicator import Communicator, missing_methods
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle
-from cgraph.errors import CompileError
+from cgraph.errors import CompileError, TransportError
 from cgraph.ir import Graph, NodeKind, Ref, TensorHint
 from cgraph.runtime.options import CompileOptions
 
@@ -74,6 +74,7 @@ class CollectiveEndpoint:
     input: str  # this member's input value
     output: str  # this member's result (an ITEM node), "" if unused
     group: str
+    algorithm: str = "auto"  # allreduce: "auto" (the communicator's choice) or an ALGORITHMS name
 
 
 @dataclass(frozen=True)
@@ -214,13 +215,19 @@ def plan_groups(graph: Graph, plan: Any, default: str | None) -> tuple[dict[str,
 
 
 def _collective_transport(graph: Graph, node: Any, default: str | None) -> str:
+    """A hint's communicator; else NCCL if every member has a GPU; else the default; else "cpu"."""
     hint = node.hint
     if hint is not None and hint.transport not in ("auto", "shm"):
         return str(hint.transport)
-    if default is not None:
-        return default
     members = [graph.actor(graph.producer_actor(a.node)) for a in node.args if isinstance(a, Ref)]
-    return "nccl" if all(a.gpus > 0 for a in members) else "cpu"
+    if all(a.gpus > 0 for a in members):
+        return "nccl"
+    if default is None and len({a.host for a in members}) > 1:
+        where = ", ".join(f"{a.id}@{a.host}" for a in members)
+        raise TransportError(f"collective {node.id} ({node.method}) spans hosts ({where}) without GPUs on all: "
+                             "the CPU communicator joins one host's actors; give every member a GPU, put them "
+                             "on one host, or compile with default_communicator=<a communicator object>")
+    return default if default is not None else "cpu"
 
 
 def _resolve_kind(group: _Group, communicators: Mapping[str, Any], handles: Mapping[str, Any]) -> None:
@@ -381,6 +388,7 @@ def _add_collective(programs: dict[str, CommProgram], graph: Graph, node: Any, g
         assert isinstance(arg, Ref), node
         _program_of(programs, actor).collectives[node.id] = CollectiveEndpoint(
             node.id, str(node.method), str(getattr(op, "value", op)), arg.node, outputs.get(i, ""), group.name,
+            str(options.get("algorithm", "auto")),
         )
 
 

@@ -1,0 +1,147 @@
+"""Collectives as DAG nodes: ``allreduce.bind([x, y, ...])`` and friends.
+
+    from cgraph.collective import ReduceOp, allreduce
+
+    with InputNode() as inp:
+        grads = [w.backward.bind(inp) for w in workers]           # one tensor per actor
+        summed = allreduce.bind(grads, op=ReduceOp.SUM)           # one result per actor
+        dag = MultiOutputNode([w.step.bind(g) for w, g in zip(workers, summed)])
+
+Each member's COLLECTIVE op joins that actor's schedule, in bind order, and
+runs on a communicator of the members: NCCL when every member has a GPU,
+else ``compile(..., default_communicator=...)`` if given, else the CPU
+communicator (actors on one host). Results: ``allreduce`` the reduced tensor,
+``allgather`` the members' tensors concatenated along dim 0 (stacked if
+0-d), ``reducescatter`` member i's slice of dim 0 of the reduced tensor.
+
+The objects are callable too: ``allreduce(tensor, group_name=...)`` is the
+imperative call of ``cgraph.collective.api`` inside an actor.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+from cgraph.channels.communicator import as_reduce_op
+from cgraph.collective.algorithms import ALGORITHMS
+from cgraph.collective.types import ReduceOp
+from cgraph.errors import DAGValidationError
+
+AUTO = "auto"
+"""``algorithm="auto"``: the communicator's own choice (ring on the CPU communicator)."""
+
+
+def _error(what: str, where: str, why: str, fix: str) -> DAGValidationError:
+    from cgraph.dag.validate import error_message
+
+    return DAGValidationError(error_message(what, where, why, fix))
+
+
+class _Collective:
+    """A collective usable in a DAG (``.bind``) and inside actors (called)."""
+
+    name = ""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The imperative collective of ``cgraph.collective.api`` (inside an actor)."""
+        return getattr(importlib.import_module("cgraph.collective.api"), self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"cgraph.collective.{self.name}"
+
+    def _bind(self, nodes: Any, options: dict[str, Any]) -> list[Any]:
+        from cgraph.dag.adapter_collective import bind_collective
+
+        return bind_collective(self.name, nodes, options)
+
+    def _op(self, op: Any) -> str:
+        try:
+            return as_reduce_op(op).value
+        except ValueError:
+            raise _error(
+                f"{self.name}.bind: unknown reduce op {op!r}", f"{self.name}.bind(..., op={op!r})",
+                "a reduction combines the members' tensors element by element with one of "
+                f"{', '.join(o.name for o in ReduceOp)}",
+                f"pass op=cgraph.collective.ReduceOp.SUM (or one of {[o.value for o in ReduceOp]})",
+            ) from None
+
+
+class AllReduce(_Collective):
+    name = "allreduce"
+
+    def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM, algorithm: str = AUTO) -> list[Any]:
+        """Every member gets ``op`` over all members' tensors (same shape and dtype on each).
+
+        Args:
+            nodes: one DAG node per member actor, each an actor method's result
+                holding a torch tensor.
+            op: a ``ReduceOp`` (or its name: "sum", "product", "min", "max").
+            algorithm: "auto" (the communicator's choice) or one of
+                ``cgraph.collective.algorithms.ALGORITHMS`` ("ring", "tree", ...),
+                which only the CPU communicator can run.
+
+        Returns:
+            One node per member, in the order of ``nodes``: that member's result,
+            usable as an argument of later ``actor.method.bind(...)`` calls.
+
+        Raises:
+            DAGValidationError: an empty list, a member that is no actor method's
+                result, two members on one actor, an unknown op or algorithm.
+        """
+        if algorithm != AUTO and algorithm not in ALGORITHMS:
+            close = difflib.get_close_matches(str(algorithm), list(ALGORITHMS), n=2)
+            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            raise _error(
+                f"allreduce.bind: unknown algorithm {algorithm!r}", f"allreduce.bind(..., algorithm={algorithm!r})",
+                f"the algorithms are {AUTO!r} and {', '.join(map(repr, ALGORITHMS))}",
+                f"{hint}pass one of them (\"auto\" lets the communicator choose)",
+            )
+        return self._bind(nodes, {"op": self._op(op), "algorithm": algorithm})
+
+
+class AllGather(_Collective):
+    name = "allgather"
+
+    def bind(self, nodes: Any) -> list[Any]:
+        """Every member gets all members' tensors concatenated along dim 0, in member order.
+
+        Args:
+            nodes: one DAG node per member actor, each an actor method's result
+                holding a torch tensor (same shape and dtype on each; 0-d are stacked).
+
+        Returns:
+            One node per member, in the order of ``nodes``.
+
+        Raises:
+            DAGValidationError: an empty list, a member that is no actor method's
+                result, or two members on one actor.
+        """
+        return self._bind(nodes, {})
+
+
+class ReduceScatter(_Collective):
+    name = "reducescatter"
+
+    def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM) -> list[Any]:
+        """Member i gets slice i (along dim 0, in equal parts) of ``op`` over all members' tensors.
+
+        Args:
+            nodes: one DAG node per member actor, each an actor method's result
+                holding a torch tensor whose dim 0 is a multiple of the member count.
+            op: a ``ReduceOp`` (or its name).
+
+        Returns:
+            One node per member, in the order of ``nodes``.
+
+        Raises:
+            DAGValidationError: an empty list, a member that is no actor method's
+                result, two members on one actor, or an unknown op.
+        """
+        return self._bind(nodes, {"op": self._op(op)})
+
+
+allreduce = AllReduce()
+allgather = AllGather()
+reducescatter = ReduceScatter()
