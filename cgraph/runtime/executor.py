@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cgraph.channels.intra_channel import IntraWriter
 from cgraph.errors import ChannelClosedError
 from cgraph.runtime.comm_ops import handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
@@ -61,6 +62,14 @@ class Context:
         self.writers = {
             node: tuple(open_writer(h, self.local) for h in hs) for node, hs in program.writers.items()
         }
+        # values written only to in-process channels: a Pending one passes through
+        # unresolved, so a collective or RECV on the comm stream overlaps the compute
+        # that follows it on this actor.
+        self.in_process_only = frozenset(
+            node
+            for node, ws in self.writers.items()
+            if ws and all(isinstance(w, IntraWriter) for w in ws)
+        )
         self.methods: dict[str, Callable[..., Any]] = {}
         self.to_release: list[Any] = []
         self.extra: dict[str, Any] = {}  # communicators and the like, set up by handlers
@@ -173,8 +182,12 @@ def handle_compute(op: Op, ctx: Context) -> None:
 
 
 def handle_write(op: Op, ctx: Context) -> None:
-    value = ctx.value(op.node)
-    for writer in ctx.writers[op.node]:
+    writers = ctx.writers[op.node]
+    if op.node in ctx.in_process_only:
+        value = ctx.values[op.node]  # may still be in flight: the reader waits on use
+    else:
+        value = ctx.value(op.node)
+    for writer in writers:
         writer.write(value)
 
 
