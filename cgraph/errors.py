@@ -229,3 +229,28 @@ def _rebuild_task_error(
         execution_index=execution_index,
         traceback_str=traceback_str,
     )
+
+
+# --------------------------------------------------------------------------- collectives
+class CollectiveError(CGraphError, RuntimeError):
+    """A call of ``cgraph.collective`` failed; carries the group and this process's rank."""
+
+    def __init__(self, message: str, group: str | None = None, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.group = group
+        self.rank = rank
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self.args[0] if self.args else "", self.group, self.rank))
+
+
+class CollectiveGroupError(CollectiveError):
+    """An unknown, destroyed or aborted group, or a rank outside the group."""
+
+
+class CollectiveMismatchError(CollectiveError, ValueError):
+    """Ranks entered one collective with different dtypes, shapes, ops or calls."""
+
+
+class CollectiveTimeoutError(CollectiveError, builtins.TimeoutError):
+    """A peer of the group did not arrive in time; names the group, the rank and the peer."""

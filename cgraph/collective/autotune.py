@@ -1,0 +1,191 @@
+"""``algorithm="auto"``: the cost model, fitted to this group's transport, picks the algorithm.
+
+The first ``allreduce(..., algorithm="auto")`` of a group (or ``tune``) runs a
+short measurement on every rank together (they all make that call): each
+candidate algorithm at ``FIT_BYTES``, from a fresh copy of the input each time
+(as a training step's gradients are), in rounds over the algorithms, median of
+``REPEATS`` (more at the cheaper sizes), largest size first after ``WARMUP``
+untimed rounds. The ranks take
+the element-wise maximum of their timings (the slowest rank sets the pace),
+so every rank fits the same numbers and later choices agree without talking.
+
+Two levels, as NCCL's tuner keeps a latency and a bandwidth per algorithm::
+
+    params   = cost_model.fit(samples)            alpha, beta, gamma of the transport
+    model(a, n)  = cost_model.predict(a, p, n, params)
+    ratio(a, n)  = measured / model at each FIT_BYTES size, interpolated in log n
+                   (the nearest measured size outside the range)
+    predict(a, n) = model(a, n) * ratio(a, n)     what "auto" compares
+    choose(n)     = argmin over candidates        per call, no messages
+
+The ratio carries what the shared parameters cannot: on a host where ranks
+share few cores, algorithms that keep fewer ranks busy at once (star, chain)
+lose less to contention than the critical-path model says; caches favour
+smaller messages. ``explain`` prints both columns.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cgraph.collective import cost_model
+from cgraph.collective.algorithms import allreduce, barrier
+from cgraph.collective.cost_model import CostParams, Sample
+from cgraph.collective.transport import Transport
+from cgraph.collective.types import ReduceOp
+
+FIT_BYTES: tuple[int, ...] = (256 << 10, 4 << 20, 32 << 20)
+"""Sizes timed by the measurement (float32 buffers of this many bytes), up to large
+gradient buckets (DDP's default is 25 MiB): whole-buffer algorithms fall off a cache
+cliff between 16 and 32 MiB that sliced ones do not. Beyond, the largest's ratio holds."""
+REPEATS = 3
+"""Timings per algorithm at the largest size (2 * REPEATS + 1 at the others); the median counts."""
+WARMUP = 1
+"""Untimed rounds before the largest size (the first one grows the links' slots)."""
+FALLBACK = "ring"
+"""The choice without a calibration (bandwidth-optimal at any world size)."""
+DEFAULT_PARAMS = CostParams(alpha=2e-5, beta=2e-10, gamma=2e-10)
+"""Shared parameters when the samples cannot be fitted (the ratios still calibrate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """A group's fitted model: shared parameters and per-algorithm ratios at measured sizes."""
+
+    world_size: int
+    ranks_per_node: int
+    params: CostParams
+    sizes: tuple[int, ...]
+    ratios: dict[str, tuple[float, ...]]  # algorithm -> measured / model, per size
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> Calibration:
+        """Fit ``samples`` (one world size, every candidate at the same sizes)."""
+        first = samples[0]
+        rpn = first.ranks_per_node or first.world_size
+        try:
+            params = cost_model.fit(samples)
+        except ValueError:
+            params = DEFAULT_PARAMS
+        sizes = tuple(sorted({s.nbytes for s in samples}))
+        ratios: dict[str, list[float]] = {}
+        for s in sorted(samples, key=lambda s: s.nbytes):
+            model = cost_model.predict(s.algorithm, s.world_size, s.nbytes, params, rpn)
+            ratios.setdefault(s.algorithm, []).append(s.seconds / model if model > 0 else 1.0)
+        return cls(first.world_size, rpn, params,
+                   sizes, {a: tuple(r) for a, r in ratios.items()})
+
+    def model(self, algorithm: str, nbytes: int) -> float:
+        return cost_model.predict(algorithm, self.world_size, nbytes, self.params, self.ranks_per_node)
+
+    def ratio(self, algorithm: str, nbytes: int) -> float:
+        """measured / model for ``algorithm``, interpolated in log(nbytes) between sizes."""
+        r, x = self.ratios[algorithm], math.log(max(nbytes, 1))
+        xs = [math.log(s) for s in self.sizes]
+        i = bisect.bisect_left(xs, x)
+        if i == 0:
+            return r[0]
+        if i == len(xs):
+            return r[-1]
+        w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return r[i - 1] * (1 - w) + r[i] * w
+
+    def predict(self, algorithm: str, nbytes: int) -> float:
+        return self.model(algorithm, nbytes) * self.ratio(algorithm, nbytes)
+
+    def choose(self, nbytes: int) -> str:
+        """The candidate with the lowest calibrated prediction (table order breaks ties)."""
+        if self.world_size == 1 or nbytes == 0:
+            return FALLBACK
+        return min(self.ratios, key=lambda a: self.predict(a, nbytes))
+
+    def explain(self, nbytes: int) -> str:
+        """Every candidate's terms, model time, ratio and calibrated time; marks the choice."""
+        best, p = self.choose(nbytes), self.world_size
+        pr = self.params
+        lines = [
+            f"allreduce of {nbytes} bytes over {p} ranks ({self.ranks_per_node} per node); "
+            f"alpha={pr.alpha:.3g} s, beta={pr.beta:.3g} s/B, gamma={pr.gamma:.3g} s/B; "
+            f"ratios measured at {', '.join(_size(s) for s in self.sizes)}",
+            f"{'algorithm':<18}{'steps':>7}{'MB moved':>10}{'MB reduced':>12}"
+            f"{'model':>12}{'ratio':>8}{'calibrated':>13}",
+        ]
+        for name in self.ratios:
+            t = cost_model.terms(name, p, nbytes, self.ranks_per_node)
+            mark = "  <- auto" if name == best else ""
+            lines.append(
+                f"{name:<18}{t.steps:>7.0f}{t.moved / 1e6:>10.2f}{t.reduced / 1e6:>12.2f}"
+                f"{_ms(self.model(name, nbytes)):>12}{self.ratio(name, nbytes):>8.2f}"
+                f"{_ms(self.predict(name, nbytes)):>13}{mark}"
+            )
+        return "\n".join(lines)
+
+
+def ranks_per_node(transport: Transport) -> int:
+    """The size of the largest node of the transport (the reduction server's L)."""
+    counts: dict[object, int] = {}
+    for r in range(transport.world_size):
+        node = transport.node_of(r)
+        counts[node] = counts.get(node, 0) + 1
+    return max(counts.values())
+
+
+def measure(
+    transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS
+) -> list[Sample]:
+    """Time every candidate at ``sizes`` on all ranks; identical samples on every rank."""
+    rpn = ranks_per_node(transport)
+    names = cost_model.candidates(rpn)
+    local = np.empty((len(names), len(sizes)), dtype=np.float64)
+    # Largest size first, after WARMUP rounds: the links' slots grow (new segments,
+    # page faults) on their first large messages, which is not the algorithm's time.
+    for k, j in enumerate(sorted(range(len(sizes)), key=lambda j: -sizes[j])):
+        # the largest size costs most; smaller ones are cheap and noisier: time them more
+        count = repeats if k == 0 else 2 * repeats + 1
+        local[:, j] = _median_times(transport, names, sizes[j], count, WARMUP if k == 0 else 0)
+    allreduce(transport, local, ReduceOp.MAX, "ring")
+    p = transport.world_size
+    return [
+        Sample(name, p, nbytes, float(local[i, j]), rpn)
+        for i, name in enumerate(names)
+        for j, nbytes in enumerate(sizes)
+    ]
+
+
+def _median_times(transport: Transport, names: Sequence[str], nbytes: int, repeats: int,
+                  warmup: int) -> list[float]:
+    """Each algorithm's median time at ``nbytes``, in rounds over all of them, so that a
+    burst of load from elsewhere on the host hits every algorithm alike."""
+    source = np.random.default_rng(transport.rank).random(max(1, nbytes // 4), dtype=np.float32)
+    buf = np.empty_like(source)
+    times: list[list[float]] = [[] for _ in names]
+    for _ in range(warmup + max(1, repeats)):
+        for i, name in enumerate(names):
+            np.copyto(buf, source)
+            barrier(transport)
+            start = time.perf_counter()
+            allreduce(transport, buf, ReduceOp.SUM, name)
+            times[i].append(time.perf_counter() - start)
+    return [float(np.median(t[warmup:])) for t in times]
+
+
+def calibrate(transport: Transport, sizes: Sequence[int] = FIT_BYTES,
+              repeats: int = REPEATS) -> Calibration | None:
+    """Measure and fit (every rank calls); None for a single rank."""
+    if transport.world_size == 1:
+        return None
+    return Calibration.of(measure(transport, sizes, repeats))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"

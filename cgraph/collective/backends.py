@@ -1,0 +1,117 @@
+"""The backends of the imperative API, one row per backend name.
+
+A backend turns a ``Membership`` (what the group's store handed this rank)
+into a ``GroupComm``: the object that runs the group's calls in this process.
+
+    backend  tensors           transport                      allreduce algorithms
+    cpu      numpy (host)      shm link mesh, one node        cgraph's (ALGORITHMS, "auto")
+    gloo     torch CPU         TCP, any nodes (ProcessGroupGloo)   gloo's own
+    nccl     torch CUDA        NCCL (ProcessGroupNCCL)        NCCL's own
+
+The API converts the caller's tensors (numpy, torch, cupy) to the kind in the
+``tensor`` column, in place where it can, and copies back where it must.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cgraph.collective.teams import Team
+from cgraph.collective.types import ReduceOp
+
+
+class GroupComm(Protocol):
+    """One rank's side of a group (or team): blocking, in-place calls on the backend's tensors."""
+
+    rank: int
+    world_size: int
+    nodes: tuple[Hashable, ...]
+
+    def allreduce(self, tensor: Any, op: ReduceOp, algorithm: str) -> None: ...
+    def reduce(self, tensor: Any, dst: int, op: ReduceOp) -> None: ...
+    def broadcast(self, tensor: Any, src: int) -> None: ...
+    def allgather(self, outs: Sequence[Any], tensor: Any) -> None: ...
+    def reducescatter(self, out: Any, parts: Sequence[Any], op: ReduceOp) -> None: ...
+    def send(self, tensor: Any, dst: int) -> None: ...
+    def recv(self, tensor: Any, src: int) -> None: ...
+    def barrier(self) -> None: ...
+    def split(self, team: Team) -> GroupComm:
+        """The comm of ``team`` (ranks of this comm), on this comm's transport."""
+        ...
+    def destroy(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What a backend may ask of the group layer: this process's node, the abort channel."""
+
+    group: str
+    node: str  # this process's Ray node id
+    report_abort: Callable[[str], None]  # tell the store why this rank gives up
+    abort_reason: Callable[[], str | None]  # why another rank gave up, if it said
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """A backend's row: whether it can run here, its tensor kind and its constructor."""
+
+    name: str
+    tensor: str  # "numpy" or "torch": what its GroupComm takes
+    device: str  # "cpu" or "cuda": where torch tensors must live
+    available: Callable[[], bool]
+    connect: Callable[[Any, Hooks], GroupComm]  # (membership, hooks)
+
+
+def _cpu_connect(membership: Any, hooks: Any) -> GroupComm:
+    from cgraph.collective.cpu_backend import connect
+
+    return connect(membership, hooks)
+
+
+def _torch_connect(membership: Any, hooks: Any) -> GroupComm:
+    from cgraph.collective.torch_backend import connect
+
+    return connect(membership, hooks)
+
+
+def gloo_available() -> bool:
+    """True when torch.distributed has the gloo backend."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return bool(dist.is_available() and dist.is_gloo_available())
+
+
+def nccl_available() -> bool:
+    """True when torch.distributed has NCCL and this process sees a CUDA device."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return bool(dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available())
+
+
+BACKENDS: dict[str, Backend] = {
+    "cpu": Backend("cpu", "numpy", "cpu", lambda: True, _cpu_connect),
+    "gloo": Backend("gloo", "torch", "cpu", gloo_available, _torch_connect),
+    "nccl": Backend("nccl", "torch", "cuda", nccl_available, _torch_connect),
+}
+"""Every backend by name (a test checks each row)."""
+
+
+def backend(name: str) -> Backend:
+    """The row of ``name``.
+
+    Raises:
+        ValueError: an unknown backend name.
+    """
+    try:
+        return BACKENDS[str(name).lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown collective backend {name!r}; choose one of {sorted(BACKENDS)}"
+        ) from None

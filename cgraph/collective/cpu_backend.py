@@ -1,0 +1,203 @@
+"""The "cpu" backend: cgraph's algorithms over a shared-memory link mesh on one node.
+
+A group's store actor makes the mesh (``create_links``: one shm channel per
+ordered pair of ranks) and hands each rank its ends; ``FramedTransport``
+stamps every message with the call it belongs to and bounds every wait. Teams
+reuse the mesh through ``TeamTransport`` with their own context, so a team's
+messages can never be taken for the parent's::
+
+    CpuComm("g", context "g")            allreduce -> ALGORITHMS[name] over FramedTransport
+      .split(Team(0 2)) -> CpuComm       context "g[0,2]", TeamTransport(ranks 0 2)
+
+Any error inside a call (a mismatch, a timeout, a closed link) aborts the
+mesh: this rank tells the store why, then closes its links, which wakes the
+peers blocked on them; they fail too, quoting the reason. A group stays
+unusable after that (as an NCCL communicator after an error): destroy it and
+create it again. Calls take writeable C-contiguous numpy arrays (the API
+converts torch and cupy tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Hashable, Iterator, Sequence
+
+import numpy as np
+
+from cgraph.collective import algorithms, autotune, cost_model
+from cgraph.collective.algorithms.partition import Bounds
+from cgraph.collective.backends import Hooks
+from cgraph.collective.cost_model import CostParams
+from cgraph.collective.framed_transport import FramedTransport
+from cgraph.collective.teams import Team, TeamTransport
+from cgraph.collective.transport import Transport
+from cgraph.collective.types import ReduceOp
+from cgraph.errors import CollectiveError, CollectiveGroupError
+
+
+class _Mesh:
+    """What a group and its teams share: the links, the hooks, and why it was aborted."""
+
+    def __init__(self, links: FramedTransport, hooks: Hooks) -> None:
+        self.links, self.hooks = links, hooks
+        self.aborted: str | None = None
+
+    def abort(self, reason: str) -> None:
+        if self.aborted is not None:
+            return
+        self.aborted = reason
+        with contextlib.suppress(Exception):  # best effort: the store may be gone
+            self.hooks.report_abort(reason)
+        self.links.close()
+
+    def check(self, rank: int) -> None:
+        if self.aborted is not None:
+            raise CollectiveGroupError(
+                f"group {self.hooks.group!r} was aborted on rank {rank} by an earlier error "
+                f"({self.aborted}); destroy_collective_group({self.hooks.group!r}) on every "
+                "rank and create it again",
+                self.hooks.group,
+                rank,
+            )
+
+
+class CpuComm:
+    """One rank's side of a cpu group or team (the backend's ``GroupComm``)."""
+
+    def __init__(self, mesh: _Mesh, transport: Transport, context: str) -> None:
+        self._mesh, self._t, self._context = mesh, transport, context
+        self.rank, self.world_size = transport.rank, transport.world_size
+        self.nodes: tuple[Hashable, ...] = tuple(
+            transport.node_of(r) for r in range(transport.world_size)
+        )
+        self.calibration: autotune.Calibration | None = None
+        self._tuned = False
+
+    # ------------------------------------------------------------------ calls
+    def allreduce(self, arr: np.ndarray, op: ReduceOp, algorithm: str) -> None:
+        name = self.choose(arr.nbytes) if algorithm == "auto" else algorithm
+        if name not in algorithms.ALGORITHMS:
+            raise ValueError(
+                f"unknown allreduce algorithm {algorithm!r}; choose 'auto' or one of "
+                f"{sorted(algorithms.ALGORITHMS)}"
+            )
+        with self._call(f"allreduce {_desc(arr)} {op.value} {name}"):
+            algorithms.allreduce(self._t, arr, op, name)
+
+    def reduce(self, arr: np.ndarray, dst: int, op: ReduceOp) -> None:
+        with self._call(f"reduce {_desc(arr)} {op.value} to {dst}"):
+            algorithms.reduce(self._t, arr, op, root=dst)
+
+    def broadcast(self, arr: np.ndarray, src: int) -> None:
+        with self._call(f"broadcast {_desc(arr)} from {src}"):
+            algorithms.broadcast(self._t, arr, root=src)
+
+    def allgather(self, outs: Sequence[np.ndarray], arr: np.ndarray) -> None:
+        n, p = arr.size, self.world_size
+        whole = np.empty(n * p, dtype=arr.dtype)
+        whole[self.rank * n : (self.rank + 1) * n] = arr.reshape(-1)
+        with self._call(f"allgather {_desc(arr)}"):
+            algorithms.allgather(self._t, whole, _even(n, p))
+        for r, out in enumerate(outs):
+            out.reshape(-1)[:] = whole[r * n : (r + 1) * n]
+
+    def reducescatter(self, out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp) -> None:
+        n = out.size
+        whole = np.concatenate([part.reshape(-1) for part in parts]).astype(out.dtype, copy=False)
+        with self._call(f"reducescatter {_desc(out)} {op.value}"):
+            mine = algorithms.reducescatter(self._t, whole, op, _even(n, self.world_size))
+        out.reshape(-1)[:] = mine
+
+    def send(self, arr: np.ndarray, dst: int) -> None:
+        with self._call(f"p2p {_desc(arr)}"):
+            self._t.send(arr.reshape(-1), dst)
+
+    def recv(self, arr: np.ndarray, src: int) -> None:
+        with self._call(f"p2p {_desc(arr)}"):
+            self._t.recv(arr.reshape(-1), src)
+
+    def barrier(self) -> None:
+        with self._call("barrier"):
+            algorithms.barrier(self._t)
+
+    # ------------------------------------------------------------------ auto
+    @property
+    def params(self) -> CostParams | None:
+        """The fitted cost-model parameters (None before the first "auto" or ``tune``)."""
+        return None if self.calibration is None else self.calibration.params
+
+    def choose(self, nbytes: int) -> str:
+        """The algorithm ``auto`` runs for ``nbytes`` (measures and fits on first use)."""
+        if not self._tuned and self.world_size > 1:
+            self.tune()
+        if self.calibration is None:
+            return autotune.FALLBACK
+        return self.calibration.choose(nbytes)
+
+    def tune(self, sizes: Sequence[int] = autotune.FIT_BYTES, repeats: int = autotune.REPEATS) -> None:
+        """Measure this group's transport and calibrate the cost model (every rank must call)."""
+        with self._call("autotune"):
+            self.calibration = autotune.calibrate(self._t, sizes, repeats)
+        self._tuned = True
+
+    def set_params(self, params: CostParams | None) -> None:
+        """Use ``params`` (uncalibrated) for ``auto`` instead of measuring; same on every rank!"""
+        if params is None:
+            self.calibration, self._tuned = None, False
+            return
+        rpn = autotune.ranks_per_node(self._t)
+        ratios: dict[str, tuple[float, ...]] = {a: (1.0,) for a in cost_model.candidates(rpn)}
+        self.calibration = autotune.Calibration(self.world_size, rpn, params, (1,), ratios)
+        self._tuned = True
+
+    # ------------------------------------------------------------------ teams, lifetime
+    def split(self, team: Team) -> CpuComm:
+        context = f"{self._context}[{','.join(map(str, team.ranks))}]"
+        child = CpuComm(self._mesh, TeamTransport(self._t, team), context)
+        if team.size == self.world_size:  # same ranks, same links: same calibration
+            child.calibration, child._tuned = self.calibration, self._tuned
+        return child
+
+    def destroy(self) -> None:
+        """Drop this rank's mappings of the links (a team's destroy is a no-op)."""
+        if self._t is self._mesh.links:
+            self._mesh.links.detach()
+
+    def unlink(self) -> None:
+        """Remove this rank's links from /dev/shm (when the store is gone)."""
+        self._mesh.links.unlink()
+
+    @contextlib.contextmanager
+    def _call(self, signature: str) -> Iterator[None]:
+        self._mesh.check(self.rank)
+        try:
+            with self._mesh.links.calling((self._context, signature)):
+                yield
+        except CollectiveError as exc:
+            self._mesh.abort(str(exc).split(". ")[0])
+            raise self._explained(exc) from None
+
+    def _explained(self, exc: CollectiveError) -> CollectiveError:
+        if not isinstance(exc, CollectiveGroupError) or "link is closed" not in str(exc):
+            return exc
+        reason = None
+        with contextlib.suppress(Exception):
+            reason = self._mesh.hooks.abort_reason()
+        why = reason or "no rank reported why: the group may have been destroyed from the driver"
+        return type(exc)(f"{exc}; {why}", exc.group, exc.rank)
+
+
+def connect(membership: object, hooks: Hooks) -> CpuComm:
+    """This rank's ``CpuComm`` from its store ``Membership`` (cpu backend)."""
+    spec = membership.spec  # type: ignore[attr-defined]
+    nodes = (membership.node,) * spec.world_size  # type: ignore[attr-defined]
+    links = FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s)  # type: ignore[attr-defined]
+    return CpuComm(_Mesh(links, hooks), links, spec.name)
+
+
+def _desc(arr: np.ndarray) -> str:
+    return f"{arr.dtype}{tuple(arr.shape)}"
+
+
+def _even(n: int, p: int) -> Bounds:
+    return tuple((r * n, (r + 1) * n) for r in range(p))

@@ -1,0 +1,185 @@
+"""A ``Transport`` over shared-memory links whose messages carry the call they belong to.
+
+The "cpu" backend runs cgraph's algorithms over the link mesh of
+``cgraph.channels.cpu_communicator`` (one shm channel per ordered pair of
+ranks, made by the group's store actor). This transport opens one rank's
+``LinkEnds`` and adds the two things a public API needs on top of bare links:
+
+    every message = (tag, array)       tag = (context, signature), e.g.
+                                       ("default", "allreduce float32(1024,) sum ring")
+                                       ("default[0,2]", "allreduce ...")  a sub-team
+
+* **No silent mix-ups.** The receiver compares the tag of every message with
+  the call it is in. Ranks that pass different dtypes or shapes, call
+  different collectives, or run a sub-team's call where the parent's is
+  expected (teams share the parent's links) get ``CollectiveMismatchError``
+  naming both calls, instead of a wrong result or a hang.
+* **No hangs.** Every wait has a deadline: a peer that never arrives gives
+  ``CollectiveTimeoutError`` naming the group, this rank, the peer and the call.
+  A closed link (a peer aborted or the group was destroyed) gives
+  ``CollectiveGroupError``.
+
+The tag travels in the same slot as the payload (pickle protocol 5 keeps the
+array out of band), so it costs no extra message or wake-up. Links are
+buffered (``LINK_SLOTS`` messages), so ``sendrecv`` is a send then a receive.
+One call at a time per mesh: the tag is set by ``calling(tag)`` around a call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Hashable, Iterator
+from typing import Any
+
+import numpy as np
+
+from cgraph.channels.cpu_communicator import LinkEnds
+from cgraph.channels.segments import unlink_channel
+from cgraph.errors import (
+    ChannelClosedError,
+    ChannelTimeoutError,
+    CollectiveGroupError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+)
+
+Tag = tuple[str, str]
+"""(context, signature) of one call: identical on every rank that takes part."""
+
+_IDLE: Tag = ("", "no call")
+
+
+class FramedTransport:
+    """One rank's ends of a link mesh as a ``cgraph.collective.Transport``.
+
+    Args:
+        ends: this rank's ``LinkEnds`` (from the group's store actor).
+        group: the group name, for error messages.
+        nodes: the node of every rank (``node_of``).
+        timeout: seconds any single wait (a free slot, a message) may take.
+    """
+
+    def __init__(
+        self, ends: LinkEnds, group: str, nodes: tuple[Hashable, ...], timeout: float
+    ) -> None:
+        if len(nodes) != ends.world_size:
+            raise ValueError(f"{len(nodes)} node ids for a group of {ends.world_size} ranks")
+        self._rank, self._size = ends.rank, ends.world_size
+        self._group, self._nodes, self.timeout = group, nodes, timeout
+        self._names = [h.name for h in (*ends.out, *ends.inp) if h is not None]
+        self._out = [h.attach() if h is not None else None for h in ends.out]
+        self._inp = [h.attach() if h is not None else None for h in ends.inp]
+        self._tag: Tag = _IDLE
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    def node_of(self, rank: int) -> Hashable:
+        return self._nodes[rank]
+
+    @contextlib.contextmanager
+    def calling(self, tag: Tag) -> Iterator[None]:
+        """Stamp every message sent (and expect every message received) with ``tag``."""
+        previous, self._tag = self._tag, tag
+        try:
+            yield
+        finally:
+            self._tag = previous
+
+    # ------------------------------------------------------------------ Transport
+    def send(self, buf: np.ndarray, dst: int) -> None:
+        writer = self._end(self._out, dst)
+        try:
+            writer.write((self._tag, buf), self.timeout)
+        except ChannelTimeoutError:
+            raise self._timeout("send to", dst) from None
+        except ChannelClosedError:
+            raise self._closed("send to", dst) from None
+
+    def recv(self, buf: np.ndarray, src: int) -> None:
+        reader = self._end(self._inp, src)
+        try:
+            tag, data = reader.read(self.timeout)
+        except ChannelTimeoutError:
+            raise self._timeout("receive from", src) from None
+        except ChannelClosedError:
+            raise self._closed("receive from", src) from None
+        try:
+            self._check(tag, data, buf, src)
+            np.copyto(buf.reshape(-1), data.reshape(-1))
+        finally:
+            reader.release()
+
+    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int) -> None:
+        self.send(sendbuf, dst)  # buffered: returns before the peer reads
+        self.recv(recvbuf, src)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Close every link of this rank: peers blocked on them wake with an error."""
+        for end in (*self._out, *self._inp):
+            if end is not None:
+                end.close()
+
+    def detach(self) -> None:
+        """Drop this process's mappings (the store actor unlinks the segments)."""
+        for end in (*self._out, *self._inp):
+            if end is not None:
+                end.detach()
+
+    def unlink(self) -> None:
+        """Remove this rank's links from /dev/shm (the fallback when the store is gone)."""
+        for name in self._names:
+            unlink_channel(name)
+
+    # ------------------------------------------------------------------ internals
+    def _end(self, ends: list[Any], peer: int) -> Any:
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise CollectiveGroupError(
+                f"group {self._group!r}, rank {self._rank}: no link to rank {peer}; peers "
+                f"are 0..{self._size - 1} other than this rank",
+                self._group,
+                self._rank,
+            )
+        return ends[peer]
+
+    def _check(self, tag: Any, data: Any, buf: np.ndarray, src: int) -> None:
+        mine = self._tag
+        if tag == mine and data.dtype == buf.dtype and data.size == buf.size:
+            return
+        context, signature = tag if isinstance(tag, tuple) and len(tag) == 2 else ("?", repr(tag))
+        where = "" if context == mine[0] else f" (context {context!r}, this rank is in {mine[0]!r})"
+        raise CollectiveMismatchError(
+            f"group {self._group!r}, rank {self._rank} is in `{mine[1]}` but rank {src} sent "
+            f"a message of `{signature}`{where}. Every rank of a group (or team) must make "
+            "the same calls in the same order, with tensors of the same dtype and shape "
+            "and the same op, root and algorithm. The group is aborted: destroy it and "
+            "create it again.",
+            self._group,
+            self._rank,
+        )
+
+    def _timeout(self, what: str, peer: int) -> CollectiveTimeoutError:
+        return CollectiveTimeoutError(
+            f"group {self._group!r}, rank {self._rank}: `{self._tag[1]}` waited "
+            f"{self.timeout:g} s to {what} rank {peer}, which never arrived (it is "
+            "blocked elsewhere, dead, or issued different calls). Make every rank call "
+            "the same collectives, or raise timeout_s in init_collective_group / "
+            "declare_collective_group. The group is aborted.",
+            self._group,
+            self._rank,
+        )
+
+    def _closed(self, what: str, peer: int) -> CollectiveGroupError:
+        return CollectiveGroupError(
+            f"group {self._group!r}, rank {self._rank}: `{self._tag[1]}` could not {what} "
+            f"rank {peer}: the link is closed (the group was aborted by a failure on "
+            "another rank, or destroyed)",
+            self._group,
+            self._rank,
+        )

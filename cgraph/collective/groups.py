@@ -1,0 +1,279 @@
+"""The collective groups of this process: creation, lookup, teams and destruction.
+
+A process keeps one ``Group`` record per group name it belongs to. Groups
+come from three places::
+
+    init_collective_group(p, r, backend, "g")   join the store of "g" as rank r
+    declared by the driver                       the first lookup of "g" in a member asks
+                                                 the store for this actor's rank, then joins
+    split_strided / split_2d / "g:node"          a team: a new record over the parent's
+                                                 comm (``comm.split``), no rendezvous
+
+Teams live and die with their parent: destroying "g" destroys its teams in
+this process. A destroyed name is remembered so that using it again says so
+(instead of "unknown group"). ``<group>:world`` and ``<group>:node`` (the
+ranks on this rank's Ray node) are predefined teams, made on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from cgraph.collective import rendezvous, teams
+from cgraph.collective.backends import Backend, GroupComm, Hooks, backend
+from cgraph.collective.rendezvous import GroupSpec, Membership
+from cgraph.errors import CollectiveError, CollectiveGroupError
+
+DEFAULT_TIMEOUT_S = 30.0
+"""Seconds a rank waits for a peer (any single message) before the call fails."""
+
+PREDEFINED = {"world", "node"}
+"""Team suffixes every group has: ``"<group>:world"`` and ``"<group>:node"``."""
+
+
+@dataclass(eq=False)
+class Group:
+    """This process's membership of one group or team."""
+
+    name: str
+    backend: Backend
+    comm: GroupComm
+    store: Any = None  # the store actor (None for teams)
+    parent: str | None = None
+    teams: list[str] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+
+_GROUPS: dict[str, Group] = {}
+_GONE: dict[str, str] = {}  # destroyed names -> how
+_DECLARED: dict[str, Any] = {}  # the driver's handles: a store lives while a handle does
+_OUTSIDE: set[str] = set()  # teams this process was left out of (no need to ask Ray)
+_LOCK = threading.RLock()
+
+
+# --------------------------------------------------------------------------- creation
+def init(world_size: int, rank: int, backend_name: str, name: str, timeout_s: float) -> Group:
+    """Join (creating if needed) group ``name`` as ``rank``; see ``api.init_collective_group``."""
+    row = _usable_backend(backend_name)
+    _check_size_and_rank(world_size, rank, name)
+    with _LOCK:
+        if name in _GROUPS:
+            raise CollectiveGroupError(
+                f"group {name!r} is already initialized in this process (rank "
+                f"{_GROUPS[name].rank}); destroy_collective_group({name!r}) first",
+                name, rank)
+        spec = GroupSpec(name, world_size, row.name, float(timeout_s))
+        store = rendezvous.create_store(spec, exclusive=False)
+        return _join(store, spec, rank)
+
+
+def declare(actors: Sequence[Any], world_size: int, ranks: Sequence[int], backend_name: str,
+            name: str, timeout_s: float) -> None:
+    """Record the membership of ``actors`` in a new store (on the driver)."""
+    row = _usable_backend(backend_name, check_here=False)
+    if not (len(actors) == len(ranks) == world_size) or sorted(ranks) != list(range(world_size)):
+        raise CollectiveGroupError(
+            f"declare_collective_group({name!r}): got {len(actors)} actors and ranks "
+            f"{list(ranks)} for world_size={world_size}; pass one actor per rank and the "
+            f"ranks 0..{world_size - 1} in any order", name)
+    members = [""] * world_size
+    for actor, rank in zip(actors, ranks, strict=True):
+        members[rank] = actor._actor_id.hex()
+    spec = GroupSpec(name, world_size, row.name, float(timeout_s), tuple(members))
+    _DECLARED[name] = rendezvous.create_store(spec, exclusive=True)
+
+
+def _join(store: Any, spec: GroupSpec, rank: int) -> Group:
+    node = ray.get_runtime_context().get_node_id()
+    reply = rendezvous.call(store, "join", rank, spec.world_size, spec.backend, node,
+                            group=spec.name)
+    membership: Membership = reply.unwrap(spec.name, rank)
+    hooks = Hooks(
+        spec.name,
+        node,
+        lambda reason: rendezvous.call(store, "report_abort", rank, reason, timeout=5.0),
+        lambda: rendezvous.call(store, "abort_reason", timeout=5.0, group=spec.name),
+    )
+    row = backend(membership.spec.backend)
+    try:
+        comm = row.connect(membership, hooks)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            rendezvous.call(store, "unjoin", rank, timeout=5.0)
+        if isinstance(exc, RuntimeError) and not isinstance(exc, CollectiveError):
+            raise CollectiveGroupError(
+                f"group {spec.name!r}, rank {rank}: connecting the {row.name} backend failed: "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (did every "
+                f"rank call init within {rendezvous.RENDEZVOUS_TIMEOUT_S:g} s?)", spec.name, rank) from exc
+        raise
+    group = Group(spec.name, row, comm, store)
+    _GROUPS[spec.name] = group
+    _GONE.pop(spec.name, None)
+    return group
+
+
+# --------------------------------------------------------------------------- lookup
+def find(name: str) -> Group | None:
+    """The group if this process belongs to it; joins a declared group on first use."""
+    with _LOCK:
+        group = _GROUPS.get(name)
+        if group is not None:
+            return group
+        parent, _, suffix = name.rpartition(":")
+        if parent and suffix in PREDEFINED:
+            owner = find(parent)
+            return None if owner is None else _predefined(owner, suffix, name)
+        if name in _GONE or name in _OUTSIDE:
+            return None
+        return _join_declared(name)
+
+
+def lookup(name: str) -> Group:
+    """The group ``name`` of this process.
+
+    Raises:
+        CollectiveGroupError: unknown, destroyed, or this process is not a member.
+    """
+    group = find(name)
+    if group is not None:
+        return group
+    if name in _GONE:
+        raise CollectiveGroupError(
+            f"group {name!r} was {_GONE[name]} in this process; call init_collective_group "
+            "again to use a group of that name", name)
+    known = sorted(_GROUPS) or "none"
+    raise CollectiveGroupError(
+        f"unknown collective group {name!r} in this process (groups here: {known}). Call "
+        "init_collective_group(world_size, rank, backend, group_name) in every member, or "
+        "declare_collective_group(actors, ...) on the driver first", name)
+
+
+def _join_declared(name: str) -> Group | None:
+    if not ray.is_initialized():
+        return None
+    store = rendezvous.find_store(name)
+    actor_id = ray.get_runtime_context().get_actor_id()
+    if store is None or actor_id is None:
+        return None
+    spec: GroupSpec = rendezvous.call(store, "spec", group=name)
+    if spec.members is None or actor_id not in spec.members:
+        return None
+    return _join(store, spec, spec.members.index(actor_id))
+
+
+def _predefined(owner: Group, suffix: str, name: str) -> Group | None:
+    if suffix == "world":
+        team = teams.world_team(owner.world_size)
+    else:
+        team = teams.node_team(owner.comm.nodes, owner.rank)
+    add_team(owner, team, name)
+    return _GROUPS[name]
+
+
+# --------------------------------------------------------------------------- teams
+def add_team(parent: Group, team: teams.Team, name: str) -> int:
+    """Register ``team`` (ranks of ``parent``) as group ``name``; this rank's team rank or -1."""
+    with _LOCK:
+        if name in _GROUPS:
+            raise CollectiveGroupError(
+                f"group {name!r} already exists in this process; pick another name for "
+                "the team or destroy the old one first", name, parent.rank)
+        if parent.rank not in team:
+            _OUTSIDE.add(name)
+            return -1
+        comm = parent.comm.split(team)
+        _GROUPS[name] = Group(name, parent.backend, comm, parent=parent.name)
+        _GONE.pop(name, None)
+        _OUTSIDE.discard(name)
+        parent.teams.append(name)
+        return comm.rank
+
+
+# --------------------------------------------------------------------------- destruction
+def destroy(name: str) -> None:
+    """Leave group ``name`` here (its teams too); the last member out frees everything."""
+    with _LOCK:
+        group = _GROUPS.pop(name, None)
+        if group is None:
+            _destroy_from_outside(name)
+            return
+        _GONE[name] = "destroyed"
+        for team in list(group.teams):
+            destroy(team)
+        if group.parent is not None:
+            parent = _GROUPS.get(group.parent)
+            if parent is not None and name in parent.teams:
+                parent.teams.remove(name)
+            return
+        group.comm.destroy()
+        _leave_store(group)
+
+
+def _leave_store(group: Group) -> None:
+    try:
+        last = rendezvous.call(group.store, "leave", group.rank, timeout=10.0)
+    except Exception:  # noqa: BLE001 - the store died: free this rank's links ourselves
+        unlink = getattr(group.comm, "unlink", None)
+        if callable(unlink):
+            unlink()
+        return
+    if last:
+        rendezvous.kill_store(group.store, group.name)
+
+
+def _destroy_from_outside(name: str) -> None:
+    """On the driver, destroy a group it is not in: close, unlink, kill the store.
+
+    In an actor that never used the group this is a no-op (its membership, if
+    declared, is simply never taken up).
+    """
+    if name in _GONE or not ray.is_initialized():
+        return
+    if ray.get_runtime_context().get_actor_id() is not None:
+        _GONE[name] = "destroyed"
+        return
+    store = rendezvous.find_store(name)
+    if store is not None:
+        with contextlib.suppress(Exception):
+            rendezvous.call(store, "shutdown", timeout=10.0)
+        rendezvous.kill_store(store, name)
+    _DECLARED.pop(name, None)  # only now: dropping the last handle ends the store
+
+
+def destroy_all() -> None:
+    """Destroy every group of this process (tests, process exit)."""
+    for name in [n for n, g in list(_GROUPS.items()) if g.parent is None]:
+        destroy(name)
+
+
+# --------------------------------------------------------------------------- checks
+def _usable_backend(name: str, check_here: bool = True) -> Backend:
+    row = backend(name)
+    if check_here and not row.available():
+        raise CollectiveGroupError(
+            f"backend {row.name!r} is not available in this process "
+            f"({'no CUDA device or torch without NCCL' if row.name == 'nccl' else 'torch.distributed without gloo'}); "
+            "use backend='cpu' or 'gloo' on CPU actors")
+    return row
+
+
+def _check_size_and_rank(world_size: int, rank: int, name: str) -> None:
+    if world_size < 1:
+        raise CollectiveGroupError(f"group {name!r}: world_size must be at least 1, got {world_size}", name)
+    if not 0 <= rank < world_size:
+        raise CollectiveGroupError(
+            f"rank {rank} is outside group {name!r} of world_size {world_size} (ranks 0.."
+            f"{world_size - 1})", name, rank)

@@ -1,0 +1,282 @@
+"""Rendezvous through Ray: one small named store actor per collective group.
+
+The members of a group find each other through a Ray actor named
+``cgraph.collective:<group>``, created by the first caller (``get_if_exists``:
+any rank of ``init_collective_group``, or the driver's
+``declare_collective_group``). No driver has to stay in the loop::
+
+    rank r (inside an actor)                   GroupStore "cgraph.collective:g"
+    init_collective_group(4, r, "cpu", "g")    (num_cpus=0, on the first caller's node)
+      store = get or create  ───────────────►  spec: world size, backend, timeout
+      reply = join(r, node, pid)  ──────────►  cpu:  first join makes the shm link
+                                               mesh (create_links); each rank gets
+                                               its LinkEnds
+                                               gloo/nccl: first join starts a TCPStore
+                                               server here; each rank gets its address
+      ... collectives run rank to rank; the store is not involved ...
+    destroy_collective_group("g")
+      leave(r)  ─────────────────────────────► the last member out closes and unlinks
+      (last one) ray.kill(store)               every segment (and stops the TCPStore)
+
+``join`` never blocks: links are buffered and a peer that never comes makes the
+first collective time out, naming it. Declared groups record which actor
+holds which rank; a member's first collective call asks the store
+(``membership``) and joins. A rank that hits an error (mismatch, timeout)
+reports it (``report_abort``) before closing its links, so the peers it wakes
+can say why. Store methods return ``Reply`` values instead of raising, so the
+caller raises a clean ``CollectiveGroupError`` in its own process.
+
+The "cpu" backend needs every rank on the store's node (its links are files
+in that node's /dev/shm); a rank elsewhere gets an error saying to use "gloo".
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from cgraph.errors import CollectiveGroupError, CollectiveTimeoutError
+
+STORE_PREFIX = "cgraph.collective:"
+RENDEZVOUS_TIMEOUT_S = 120.0
+"""How long joining may take: starting the store actor, and (gloo, nccl) every rank
+connecting. Calls made after that wait ``GroupSpec.timeout_s``."""
+SHM_TAG_PREFIX = "col."
+"""Segments of a group's links are named ``cgraph_<store pid>_col.<group>.<nonce>_...``."""
+
+
+def store_name(group: str) -> str:
+    """The Ray actor name of ``group``'s store."""
+    return STORE_PREFIX + group
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """What every member must agree on; ``members`` (actor ids by rank) for declared groups."""
+
+    name: str
+    world_size: int
+    backend: str
+    timeout_s: float
+    members: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A store answer: ``value`` on success, or ``error`` (a message) to raise at the caller."""
+
+    value: Any = None
+    error: str | None = None
+
+    def unwrap(self, group: str, rank: int | None = None) -> Any:
+        if self.error is not None:
+            raise CollectiveGroupError(self.error, group, rank)
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """What a rank needs to connect: the spec, the store's node, links or a TCP address."""
+
+    spec: GroupSpec
+    rank: int
+    node: str
+    nonce: str
+    ends: Any = None  # cpu: this rank's LinkEnds
+    address: tuple[str, int] | None = None  # gloo / nccl: the TCPStore server
+
+
+@dataclass
+class _State:
+    joined: dict[int, str] = field(default_factory=dict)  # rank -> "pid@node"
+    left: set[int] = field(default_factory=set)
+    channels: list[Any] = field(default_factory=list)
+    ends: list[Any] = field(default_factory=list)
+    tcp_store: Any = None
+    abort: str | None = None
+
+
+class GroupStore:
+    """The store actor of one group (see the module docstring). Every method is quick."""
+
+    def __init__(self, spec: GroupSpec) -> None:
+        self._spec = spec
+        self._node = ray.get_runtime_context().get_node_id()
+        self._nonce = uuid.uuid4().hex[:8]
+        self._state = _State()
+        atexit.register(self.shutdown)  # a store ended without leave() still unlinks
+
+    def spec(self) -> GroupSpec:
+        return self._spec
+
+    def membership(self, actor_id: str) -> Reply:
+        """The rank an actor was declared with (declared groups only)."""
+        members = self._spec.members
+        if members is None or actor_id not in members:
+            return Reply(error=_not_declared(self._spec, members is None))
+        return Reply(members.index(actor_id))
+
+    def join(self, rank: int, world_size: int, backend: str, node: str) -> Reply:
+        """Register ``rank`` and hand it what it needs to connect."""
+        problem = self._check_join(rank, world_size, backend, node)
+        if problem:
+            return Reply(error=problem)
+        self._state.joined[rank] = f"pid {os.getpid()}@{node[:8]}"
+        try:
+            return Reply(self._connect_info(rank))
+        except Exception as exc:  # noqa: BLE001 - reported to the caller as a group error
+            return Reply(error=f"group {self._spec.name!r}: setting up the {backend} backend "
+                         f"failed in the store actor: {type(exc).__name__}: {exc}")
+
+    def unjoin(self, rank: int) -> None:
+        """Forget a rank whose connection failed, so that it may join again."""
+        self._state.joined.pop(rank, None)
+
+    def leave(self, rank: int) -> bool:
+        """Record that ``rank`` destroyed the group; True when it was the last member."""
+        state = self._state
+        state.left.add(rank)
+        if set(state.joined) - state.left:
+            return False
+        self.shutdown()
+        return True
+
+    def report_abort(self, rank: int, reason: str) -> None:
+        if self._state.abort is None:
+            self._state.abort = f"rank {rank} reported: {reason}"
+
+    def abort_reason(self) -> str | None:
+        return self._state.abort
+
+    def shutdown(self) -> list[str]:
+        """Close every link (waking any rank blocked on one) and unlink all segments."""
+        state, removed = self._state, []
+        for channel in state.channels:
+            channel.close()
+        for channel in state.channels:
+            removed += channel.unlink()
+        state.channels, state.ends, state.tcp_store = [], [], None
+        return removed
+
+    # ------------------------------------------------------------------ internals
+    def _check_join(self, rank: int, world_size: int, backend: str, node: str) -> str | None:
+        spec, name = self._spec, self._spec.name
+        if (world_size, backend) != (spec.world_size, spec.backend):
+            return (f"group {name!r} exists with world_size={spec.world_size}, "
+                    f"backend={spec.backend!r}; this rank asked for world_size={world_size}, "
+                    f"backend={backend!r}. Every rank must pass the same values.")
+        if not 0 <= rank < spec.world_size:
+            return (f"rank {rank} is outside group {name!r} (ranks 0..{spec.world_size - 1})")
+        if rank in self._state.joined:
+            how = "left it" if rank in self._state.left else f"holds it ({self._state.joined[rank]})"
+            return (f"rank {rank} of group {name!r} is taken: another process {how}. Give each "
+                    "process its own rank; to re-create the group, destroy it on every member first.")
+        if backend == "cpu" and node != self._node:
+            return (f"group {name!r} uses the 'cpu' backend (shared memory), so every rank must "
+                    f"run on one Ray node: the group lives on node {self._node[:8]}, rank {rank} "
+                    f"is on node {node[:8]}. Use backend='gloo' across nodes.")
+        return None
+
+    def _connect_info(self, rank: int) -> Membership:
+        spec, state = self._spec, self._state
+        if spec.backend == "cpu":
+            if not state.ends:
+                from cgraph.channels.cpu_communicator import create_links
+
+                tag = f"{SHM_TAG_PREFIX}{spec.name}.{self._nonce}"
+                state.channels, state.ends = create_links(tag, "link", spec.world_size)
+            return Membership(spec, rank, self._node, self._nonce, ends=state.ends[rank])
+        if state.tcp_store is None:
+            state.tcp_store = _tcp_store_server(max(spec.timeout_s, RENDEZVOUS_TIMEOUT_S))
+        address = (ray.util.get_node_ip_address(), state.tcp_store.port)
+        return Membership(spec, rank, self._node, self._nonce, address=address)
+
+
+def _tcp_store_server(timeout_s: float) -> Any:
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        ray.util.get_node_ip_address(), 0, None, True,
+        datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+    )
+
+
+def _not_declared(spec: GroupSpec, imperative: bool) -> str:
+    if imperative:
+        return (f"group {spec.name!r} was created with init_collective_group, not declared: "
+                "call init_collective_group(world_size, rank, ...) in this actor too")
+    return (f"this actor is not a member of group {spec.name!r}: declare_collective_group "
+            f"listed {len(spec.members or ())} other actors")
+
+
+# --------------------------------------------------------------------------- client side
+_StoreActor = ray.remote(num_cpus=0, max_restarts=0)(GroupStore)
+
+
+def _placement() -> dict[str, Any]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+
+
+def create_store(spec: GroupSpec, *, exclusive: bool) -> Any:
+    """The store of ``spec.name``, created on this node if absent.
+
+    Args:
+        exclusive: fail if it exists (declare), instead of joining it (init).
+
+    Raises:
+        CollectiveGroupError: ``exclusive`` and the group exists.
+    """
+    name = store_name(spec.name)
+    if exclusive and find_store(spec.name) is not None:
+        raise CollectiveGroupError(
+            f"group {spec.name!r} already exists; destroy_collective_group({spec.name!r}) "
+            "first or pick another group_name", spec.name)
+    options = dict(name=name, get_if_exists=not exclusive, lifetime="non_detached", **_placement())
+    return _StoreActor.options(**options).remote(spec)
+
+
+def find_store(group: str) -> Any | None:
+    """The store actor of ``group``, or None if there is none."""
+    try:
+        return ray.get_actor(store_name(group))
+    except ValueError:
+        return None
+
+
+def call(store: Any, method: str, *args: Any, timeout: float = RENDEZVOUS_TIMEOUT_S,
+         group: str = "?") -> Any:
+    """``ray.get(store.method.remote(*args))`` with a deadline.
+
+    Raises:
+        CollectiveTimeoutError: the store did not answer in time.
+        CollectiveGroupError: the store actor died.
+    """
+    try:
+        return ray.get(getattr(store, method).remote(*args), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise CollectiveTimeoutError(
+            f"group {group!r}: its store actor did not answer {method}() within {timeout:g} s "
+            "(the cluster may be out of resources to start it, or overloaded)", group) from None
+    except ray.exceptions.RayActorError as exc:
+        raise CollectiveGroupError(
+            f"group {group!r}: its store actor is gone ({type(exc).__name__}); the group was "
+            "destroyed or its creator died: create it again", group) from None
+
+
+def kill_store(store: Any, group: str, wait_s: float = 5.0) -> None:
+    """Kill the store and wait (briefly) until its name is free for a new group."""
+    ray.kill(store, no_restart=True)
+    deadline = time.monotonic() + wait_s
+    while find_store(group) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -1,0 +1,56 @@
+"""Call signatures as small integer vectors, compared across ranks before a torch collective.
+
+Gloo aborts the whole process when ranks pass tensors of different sizes, and
+NCCL hangs; so the torch backends first gather every rank's signature (one
+small allgather, or a header and an answer for send / recv) and raise
+``CollectiveMismatchError`` on every rank, leaving the group usable::
+
+    encode("allreduce", float32 tensor of shape (2, 3), SUM, -1)
+        -> [1, 0, -1, 0, 2, 6, 2, 3, -1, -1, -1, -1]
+           kind op root dtype ndim numel shape (up to MAX_DIMS, -1 padded)
+    describe(...) -> "allreduce float32(2, 3) sum"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cgraph.collective.types import ReduceOp
+
+KINDS = ("none", "allreduce", "reduce", "broadcast", "allgather", "reducescatter", "p2p", "barrier")
+"""Call kinds by code."""
+OPS = tuple(ReduceOp)
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64",
+          "uint8", "bool", "complex64", "complex128")
+"""dtype names by code (others encode as -2, "other")."""
+MAX_DIMS = 6
+LENGTH = 6 + MAX_DIMS
+
+
+def encode(kind: str, tensor: Any = None, op: ReduceOp | None = None, root: int = -1) -> list[int]:
+    """The signature of one call (``tensor`` None for a barrier)."""
+    shape = tuple(tensor.shape) if tensor is not None else ()
+    dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else ""
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    dims = [int(d) for d in shape[:MAX_DIMS]] + [-1] * (MAX_DIMS - min(len(shape), MAX_DIMS))
+    return [KINDS.index(kind), OPS.index(op) if op is not None else -1, root,
+            DTYPES.index(dtype) if dtype in DTYPES else -2, len(shape), numel, *dims]
+
+
+def describe(header: Any) -> str:
+    """Readable text of a signature vector."""
+    h = [int(x) for x in header]
+    kind = KINDS[h[0]] if 0 <= h[0] < len(KINDS) else f"kind {h[0]}"
+    if kind == "barrier":
+        return "barrier"
+    dtype = DTYPES[h[3]] if 0 <= h[3] < len(DTYPES) else "other dtype"
+    ndim = h[4]
+    shape = tuple(h[6 : 6 + min(ndim, MAX_DIMS)]) + (("...",) if ndim > MAX_DIMS else ())
+    text = f"{kind} {dtype}{shape}"
+    if h[1] >= 0:
+        text += f" {OPS[h[1]].value}"
+    if h[2] >= 0:
+        text += f" root {h[2]}"
+    return text

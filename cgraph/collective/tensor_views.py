@@ -1,0 +1,149 @@
+"""Working views of the caller's tensors in the kind a backend computes on, written back after.
+
+The API takes torch tensors, numpy arrays and cupy arrays and works in place.
+A backend computes on numpy arrays ("cpu") or torch tensors on a device
+("gloo": CPU, "nccl": CUDA). ``working(t, kind, device, write)`` yields a
+view that shares ``t``'s memory whenever it can, and otherwise a contiguous
+copy that is copied back into ``t`` on a clean exit (``write=True``)::
+
+    caller's tensor            numpy working view            torch working view (cpu)
+    numpy, contiguous          itself                        torch.from_numpy (shared)
+    numpy, strided             copy, written back            copy, written back
+    torch CPU, contiguous      .numpy() (shared)             itself
+    torch bfloat16 / CUDA      float32 / host copy           .to(device) copy
+    cupy                       .get() copy, .set() back      torch.as_tensor (cuda: shared)
+
+A read-only numpy array (``ray.get`` returns those) cannot be written in place:
+the error says to pass a copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+Converted = tuple[Any, Callable[[Any], None] | None]
+"""A working view and how to write it back (None: it shares the caller's memory)."""
+
+
+def kind_of(tensor: Any) -> str:
+    """ "numpy", "torch" or "cupy".
+
+    Raises:
+        TypeError: anything else.
+    """
+    if isinstance(tensor, np.ndarray):
+        return "numpy"
+    module = type(tensor).__module__.split(".")[0]
+    if module in ("torch", "cupy") and hasattr(tensor, "shape"):
+        return module
+    raise TypeError(
+        f"collectives take torch tensors, numpy arrays or cupy arrays, got "
+        f"{type(tensor).__name__}; wrap the value, e.g. np.asarray(x)"
+    )
+
+
+@contextlib.contextmanager
+def working(tensor: Any, target: str, device: str = "cpu", write: bool = True) -> Iterator[Any]:
+    """A view of ``tensor`` as ``target`` ("numpy" or "torch" on ``device``); see the module doc."""
+    source = kind_of(tensor)
+    if write and source == "numpy" and not tensor.flags.writeable:
+        raise ValueError(
+            "the collective writes into this numpy array, but it is read-only (arrays from "
+            "ray.get are): pass arr.copy()"
+        )
+    view, back = CONVERT[(source, target)](tensor, device)
+    yield view
+    if write and back is not None:
+        back(view)
+
+
+def _numpy_from_numpy(arr: np.ndarray, device: str) -> Converted:
+    if arr.flags.c_contiguous:
+        return arr, None
+    return np.ascontiguousarray(arr), functools.partial(np.copyto, arr)
+
+
+def _numpy_from_torch(t: Any, device: str) -> Converted:
+    import torch
+
+    direct = t.device.type == "cpu" and t.is_contiguous() and t.dtype in _numpy_dtypes()
+    if direct:
+        return t.detach().numpy(), None
+    dtype = t.dtype if t.dtype in _numpy_dtypes() else torch.float32
+    work = t.detach().to("cpu", dtype).contiguous().numpy()
+    return work, functools.partial(_copy_into_torch, t)
+
+
+def _numpy_from_cupy(arr: Any, device: str) -> Converted:
+    import cupy
+
+    def back(work: np.ndarray) -> None:
+        arr[...] = cupy.asarray(work)
+
+    return cupy.asnumpy(arr), back
+
+
+def _torch_from_torch(t: Any, device: str) -> Converted:
+    if t.device.type == device and t.is_contiguous():
+        return t.detach(), None
+    return t.detach().to(device).contiguous(), functools.partial(_copy_into_torch, t)
+
+
+def _torch_from_numpy(arr: np.ndarray, device: str) -> Converted:
+    import torch
+
+    work = torch.from_numpy(np.ascontiguousarray(arr) if arr.flags.writeable else arr.copy())
+    shared = device == "cpu" and arr.flags.c_contiguous and arr.flags.writeable
+    if shared:
+        return work, None
+    return work.to(device), lambda w: np.copyto(arr, w.cpu().numpy().reshape(arr.shape))
+
+
+def _torch_from_cupy(arr: Any, device: str) -> Converted:
+    import torch
+
+    if device == "cuda" and arr.flags.c_contiguous:
+        return torch.as_tensor(arr, device="cuda"), None
+    import cupy
+
+    work = torch.from_numpy(cupy.asnumpy(arr)).to(device)
+
+    def back(w: Any) -> None:
+        arr[...] = cupy.asarray(w.cpu().numpy())
+
+    return work, back
+
+
+CONVERT: dict[tuple[str, str], Callable[[Any, str], Converted]] = {
+    ("numpy", "numpy"): _numpy_from_numpy,
+    ("torch", "numpy"): _numpy_from_torch,
+    ("cupy", "numpy"): _numpy_from_cupy,
+    ("torch", "torch"): _torch_from_torch,
+    ("numpy", "torch"): _torch_from_numpy,
+    ("cupy", "torch"): _torch_from_cupy,
+}
+"""How each (caller's kind, backend's kind) pair is viewed (a test checks every pair)."""
+
+
+def _copy_into_torch(t: Any, work: Any) -> None:
+    import torch
+
+    source = torch.from_numpy(work) if isinstance(work, np.ndarray) else work
+    with torch.no_grad():
+        t.copy_(source.reshape(t.shape))
+
+
+@functools.cache
+def _numpy_dtypes() -> frozenset[Any]:
+    """torch dtypes numpy holds (and reduces) without a conversion."""
+    import torch
+
+    return frozenset({
+        torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
+        torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+    })
