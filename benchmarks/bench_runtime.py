@@ -260,14 +260,15 @@ def open_runner(system: str, spec: DagSpec, actors: list[Any], buffer: int, infl
         )
         return Runner(lambda x: ray.get(compiled.execute(x)), compiled.execute, ray.get,
                       lambda: compiled.teardown(kill_actors=kill_actors))
-    return _open_cgraph(dag, buffer, inflight)
+    return _open_cgraph(dag, buffer, inflight, "colocate" if system == "cgraph_colocate" else None)
 
 
-def _open_cgraph(dag: Any, buffer: int, inflight: int) -> Runner:
+def _open_cgraph(dag: Any, buffer: int, inflight: int, affinity: Any = None) -> Runner:
     import cgraph
 
     try:
-        compiled = cgraph.compile(dag, max_inflight_executions=inflight, buffer_size_bytes=buffer)
+        compiled = cgraph.compile(dag, max_inflight_executions=inflight, buffer_size_bytes=buffer,
+                                  cpu_affinity=affinity)
     except (NotImplementedError, AttributeError, ImportError) as exc:
         raise Unavailable(f"cgraph runtime not available: {describe_error(exc)}") from exc
     if not callable(getattr(compiled, "execute", None)):
@@ -310,7 +311,7 @@ def system_on_dag(system: str, spec: DagSpec, buffer: int, inflight: int) -> Ite
 
 def guarded(system: str, gate: CgraphGate, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run one system's measurement; a failure becomes its status, not the section's."""
-    if system == "cgraph" and gate.reason:
+    if system.startswith("cgraph") and gate.reason:
         return {"status": f"skipped: {gate.reason}"}
     try:
         return {"status": "ok", **fn()}
@@ -374,7 +375,7 @@ def measure_latency(s: Settings, gate: CgraphGate) -> dict[str, Any]:
     for spec in LATENCY_DAGS:
         entry: dict[str, Any] = {k: v for k, v in asdict(spec).items() if k not in ("bind", "call")}
         entry["systems"] = {}
-        for system in SYSTEMS:
+        for system in (*SYSTEMS, "cgraph_colocate"):
             entry["systems"][system] = guarded(system, gate, lambda sy=system, sp=spec: _latency_one(sy, sp, s))
             _log_system(f"latency {spec.name}", system, entry["systems"][system])
         dags[spec.name] = entry

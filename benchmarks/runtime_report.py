@@ -17,7 +17,12 @@ from typing import Any
 from common import fmt, fmt_ratio, markdown_table, ok_entry, status_note, system_rows, verdict
 
 MiB = 1 << 20
-LABELS = {"cgraph": "cgraph", "ray_cgraph": "Ray Compiled Graphs", "ray_plain": "plain Ray calls"}
+LABELS = {
+    "cgraph": "cgraph",
+    "cgraph_colocate": 'cgraph, cpu_affinity="colocate"',
+    "ray_cgraph": "Ray Compiled Graphs",
+    "ray_plain": "plain Ray calls",
+}
 PIPELINED_SHARE_NEEDED = 0.5  # of memcpy into shm, on the largest array
 
 DEFINITIONS = """\
@@ -104,7 +109,15 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _latency_targets(dag: str, systems: dict[str, Any], floor_rt: float | None) -> list[dict[str, Any]]:
-    cg, anchor = ok_entry(systems.get("cgraph")), ok_entry(systems.get("ray_cgraph"))
+    rows = []
+    for system, suffix in (("cgraph", ""), ("cgraph_colocate", ", colocate")):
+        cg = ok_entry(systems.get(system))
+        if cg or system == "cgraph":
+            rows += _latency_rows(f"{dag}{suffix}", cg, ok_entry(systems.get("ray_cgraph")), floor_rt)
+    return rows
+
+
+def _latency_rows(dag: str, cg: Any, anchor: Any, floor_rt: float | None) -> list[dict[str, Any]]:
     need = anchor["median_us"] / 4 if anchor else None
     hop_need = 3 * floor_rt if floor_rt else None
     anchor_p99 = anchor and anchor["p99_us"] / anchor["median_us"]

@@ -171,6 +171,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     get_timeout: float | None = None,
     enable_asyncio: bool = False,
     default_communicator: Any = None,
+    cpu_affinity: Any = None,
 ) -> Any:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
@@ -186,6 +187,11 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         enable_asyncio: prepare ``execute_async``.
         default_communicator: a name (``"cpu"``) or communicator object for
             communicator edges the actors cannot serve themselves.
+        cpu_affinity: ``None`` (default: the OS places every process),
+            ``"colocate"`` (pin the driver's calling thread and the loops of the
+            actors on its node to one CPU while the graph lives: lowest latency
+            for small latency-bound graphs, methods run one at a time), or a set
+            of CPU ids. Restored at teardown.
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,
@@ -209,6 +215,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         get_timeout=get_timeout,
         enable_asyncio=enable_asyncio,
         default_communicator=default_communicator,
+        cpu_affinity=cpu_affinity,
     )
     planned = _plan(dag, options, locate=locate_actors)
     return launch(planned.front, planned.planned, options)

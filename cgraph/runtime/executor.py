@@ -18,6 +18,7 @@ from typing import Any
 
 from cgraph.channels.intra_channel import IntraWriter
 from cgraph.errors import ChannelClosedError
+from cgraph.runtime.affinity import pin_thread
 from cgraph.runtime.comm_ops import handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
 from cgraph.runtime.error_value import ErrorValue
@@ -203,6 +204,7 @@ HANDLERS: dict[OpKind, Callable[[Op, Context], None]] = {
 
 def run_actor_loop(instance: object, program: ActorProgram) -> str:
     """Run ``program`` until its channels close. Returns why it stopped."""
+    unpin = pin_thread(program.extra.get("cpu_affinity"))
     ctx = Context(instance, program)
     steps = [(HANDLERS[op.kind], op) for op in program.ops]  # no per-op table lookups
     try:
@@ -214,3 +216,4 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
         return "closed"
     finally:
         ctx.close()
+        unpin()

@@ -17,6 +17,7 @@ import ray
 
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
+from cgraph.runtime.affinity import choose_cpus, pin_thread
 from cgraph.runtime.communicators import setup_communicators
 from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints, InputUsage
 from cgraph.runtime.endpoints import CopyingReader, create_channel, open_reader, open_writer
@@ -122,8 +123,13 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
     try:
         comm = setup_communicators(front, planned, tag, options)  # groups + side channels
         resources[f"{tag}.communicators"] = comm
+        cpus = choose_cpus(options.cpu_affinity)
+        local = {a.id for a in graph.actors if not a.host}
         programs = {
-            a: replace(_program(a, labels[a], planned, resources, tag), extra=comm.extra(a))
+            a: replace(
+                _program(a, labels[a], planned, resources, tag),
+                extra={**comm.extra(a), "cpu_affinity": cpus if a in local else None},
+            )
             for a in planned.schedule
         }
         endpoints = _driver_endpoints(planned, resources)
@@ -138,7 +144,10 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
         for actor in planned.schedule
     }
 
+    unpin_driver = pin_thread(cpus)
+
     def release() -> None:
+        unpin_driver()
         for key in keys.values():
             _ACTORS_IN_USE.pop(key, None)
 

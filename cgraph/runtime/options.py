@@ -15,6 +15,7 @@ class CompileOptions:
     get_timeout: float | None = None
     enable_asyncio: bool = False
     default_communicator: Any = None
+    cpu_affinity: Any = None  # None | "colocate" | set of CPU ids (see runtime/affinity.py)
 
     def __post_init__(self) -> None:
         if self.max_inflight_executions < 1:

@@ -77,3 +77,11 @@ class Worker:
 
     def make_array(self, n):
         return np.arange(n, dtype=np.float64)
+
+
+@ray.remote(num_cpus=0)
+class AffinityProbe:
+    def cpus(self, _x=None):
+        import threading
+
+        return sorted(os.sched_getaffinity(threading.get_native_id()))

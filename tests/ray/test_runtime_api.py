@@ -86,3 +86,28 @@ def test_two_live_graphs_cannot_share_an_actor(pair):
         first.teardown()
     second = cgraph.compile(dag)
     second.teardown()
+
+
+def test_colocate_pins_loops_and_driver_then_restores(ray_session):
+    import os
+    import threading
+
+    from tests.ray.actors import AffinityProbe
+
+    probe = AffinityProbe.remote()
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+        with cgraph.InputNode() as inp:
+            dag = probe.cpus.bind(inp)
+        compiled = cgraph.compile(dag, cpu_affinity="colocate")
+        try:
+            inside = compiled.execute(0).get(timeout=60)
+            driver = sorted(os.sched_getaffinity(threading.get_native_id()))
+        finally:
+            compiled.teardown()
+        assert inside == [max(allowed)] and driver == [max(allowed)]
+        assert sorted(os.sched_getaffinity(threading.get_native_id())) == allowed
+        with pytest.raises(ValueError, match="cpu_affinity"):
+            cgraph.compile(dag, cpu_affinity="everywhere")
+    finally:
+        ray.kill(probe)
