@@ -20,7 +20,8 @@ from ray.experimental.channel.cpu_communicator import CPUCommunicator
 import cgraph
 from cgraph import DeadlockError, InputNode, TransportError
 from cgraph._log import logger as cgraph_logger
-from cgraph.compiler import CompiledPlan, plan_dag as plan
+from cgraph.compiler import CompiledPlan
+from cgraph.compiler import plan_dag as plan
 from cgraph.dag import FrontEnd
 from cgraph.ir import format_graph
 from cgraph.scheduler import Planned, format_schedule
