@@ -194,6 +194,41 @@ class TaskError(RuntimeGraphError):
 
 
 _DUAL_TYPES: dict[tuple[type, type], type] = {}
+_COMPAT: dict[type, tuple[type, ...]] = {}
+_COMPAT_TYPES: dict[type, type] = {}
+
+
+def register_compat(cls: type[CGraphError], *bases: type[BaseException]) -> None:
+    """Make instances built by ``TaskError.wrap`` / ``with_compat`` also ``bases``.
+
+    The runtime registers Ray's exception classes here (``RayTaskError`` for
+    ``TaskError``, ``ray.exceptions.ActorDiedError`` for ``ActorDiedError``), so
+    code written for Ray Compiled Graphs that catches those keeps working; this
+    module itself stays free of Ray.
+    """
+    _COMPAT[cls] = bases
+    _COMPAT_TYPES.pop(cls, None)
+
+
+def with_compat(err: CGraphError) -> CGraphError:
+    """``err`` as an instance of a subclass that also has the registered bases."""
+    cls = type(err)
+    bases = _COMPAT.get(cls)
+    if not bases:
+        return err
+    try:
+        dual = _COMPAT_TYPES.get(cls)
+        if dual is None:
+            attrs = {"__str__": cls.__str__, "__module__": cls.__module__}
+            dual = type(cls.__name__, (cls, *bases), attrs)
+            _COMPAT_TYPES[cls] = dual
+        out: CGraphError = dual.__new__(dual)
+    except TypeError:  # the bases' layouts cannot be combined: keep cgraph's own type
+        return err
+    out.args = err.args
+    out.__dict__.update(err.__dict__)
+    out.__dict__.setdefault("error_msg", str(err.args[0]) if err.args else "")
+    return out
 
 
 def _dual_type(cls: type[TaskError], cause_type: type[BaseException]) -> type[TaskError]:
@@ -201,7 +236,8 @@ def _dual_type(cls: type[TaskError], cause_type: type[BaseException]) -> type[Ta
     key = (cls, cause_type)
     dual = _DUAL_TYPES.get(key)
     if dual is None:
-        dual = type(f"TaskError({cause_type.__name__})", (cls, cause_type), {})
+        extra = tuple(b for b in _COMPAT.get(TaskError, ()) if not issubclass(cause_type, b))
+        dual = type(f"TaskError({cause_type.__name__})", (cls, *extra, cause_type), {})
         _DUAL_TYPES[key] = dual
     return dual
 

@@ -27,17 +27,26 @@ from typing import Any
 import ray
 
 from cgraph.errors import (
+    ActorDiedError,
     CapacityError,
     ChannelClosedError,
     ChannelTimeoutError,
     ExecuteArgumentError,
     GraphTornDownError,
     RuntimeGraphError,
+    TaskError,
     TimeoutError,
+    register_compat,
+    with_compat,
 )
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.refs import CompiledFuture, CompiledRef
+
+# Code written for Ray Compiled Graphs catches Ray's classes: cgraph's errors are
+# instances of those too (and of cgraph's own, and of the user's exception type).
+register_compat(TaskError, ray.exceptions.RayTaskError)
+register_compat(ActorDiedError, ray.exceptions.ActorDiedError)
 
 _LIVE: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 _IDS = itertools.count()
@@ -192,7 +201,7 @@ class CompiledGraph:
     def _fail(self, error: RuntimeGraphError) -> None:
         """Called by the monitor: remember why, and wake every waiter."""
         if self._failure is None:
-            self._failure = error
+            self._failure = with_compat(error)  # type: ignore[assignment]
         for res in self._ep.resources:
             _quietly(res.close)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pickle
 import traceback
 
-from cgraph.errors import TaskError
+from cgraph.errors import TaskError, with_compat
 
 
 class ErrorValue:
@@ -63,13 +63,13 @@ class ErrorValue:
                 execution_index=self.execution_index,
                 traceback_str=self.traceback_str,
             )
-        return TaskError(
+        return with_compat(TaskError(  # type: ignore[return-value]
             f"{self.message} in {self.actor}.{self.method} (execution {self.execution_index})",
             actor=self.actor,
             method=self.method,
             execution_index=self.execution_index,
             traceback_str=self.traceback_str,
-        )
+        ))
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (

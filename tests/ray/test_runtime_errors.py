@@ -134,6 +134,7 @@ def test_actor_death_raises_promptly(ray_session, no_leaks):
             ref.get(timeout=30)
         assert time.monotonic() - start < 15
         assert "a (Worker)" in str(info.value)
+        assert isinstance(info.value, ray.exceptions.RayActorError)  # as Ray users catch it
         with pytest.raises(cgraph.ActorDiedError):
             compiled.execute(2)
         compiled.teardown()
@@ -142,3 +143,17 @@ def test_actor_death_raises_promptly(ray_session, no_leaks):
     finally:
         ray.kill(a)
         ray.kill(b)
+
+
+def test_errors_are_also_rays_exception_types(pair, no_leaks):
+    """Code written for Ray Compiled Graphs catches RayTaskError; it keeps working."""
+    a, b = pair
+    with InputNode() as inp:
+        dag = b.inc.bind(a.fail_if.bind(inp, bad=3))
+    compiled = cgraph.compile(dag)
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(compiled.execute(3))
+        assert isinstance(info.value, ValueError) and isinstance(info.value, cgraph.TaskError)
+    finally:
+        compiled.teardown()
