@@ -18,6 +18,10 @@ Two levels, as NCCL's tuner keeps a latency and a bandwidth per algorithm::
     predict(a, n) = model(a, n) * ratio(a, n)     what "auto" compares
     choose(n)     = argmin over candidates        per call, no messages
 
+Then, the first "auto" call of each power-of-two size class (from 64 KiB) times
+the model's four best candidates at that very size (``trial``) and keeps the
+fastest for the class: the model ranks, a measurement settles close calls.
+
 The ratio carries what the shared parameters cannot: on a host where ranks
 share few cores, algorithms that keep fewer ranks busy at once (star, chain)
 lose less to contention than the critical-path model says; caches favour
@@ -49,6 +53,11 @@ REPEATS = 3
 WARMUP = 1
 """Untimed rounds before the largest size (the first one grows the links' slots)."""
 FALLBACK = "ring"
+TRIAL_MIN_BYTES = 64 << 10
+"""Smaller ``auto`` calls follow the calibrated model alone (a trial costs more than it saves)."""
+TRIAL_CANDIDATES = 4
+"""How many of the model's best candidates a size-class trial times."""
+TRIAL_REPEATS = 3
 """The choice without a calibration (bandwidth-optimal at any world size)."""
 DEFAULT_PARAMS = CostParams(alpha=2e-5, beta=2e-10, gamma=2e-10)
 """Shared parameters when the samples cannot be fitted (the ratios still calibrate)."""
@@ -181,6 +190,23 @@ def calibrate(transport: Transport, sizes: Sequence[int] = FIT_BYTES,
     if transport.world_size == 1:
         return None
     return Calibration.of(measure(transport, sizes, repeats))
+
+
+def trial(transport: Transport, calibration: Calibration, nbytes: int,
+          keep: int = TRIAL_CANDIDATES, repeats: int = TRIAL_REPEATS) -> str:
+    """Time the model's ``keep`` best candidates at ``nbytes`` itself; the fastest wins.
+
+    The calibrated model is good at ranking algorithms far apart and poor at
+    separating close ones on a crowded host (it interpolates between the fitted
+    sizes), so the first ``auto`` call of each power-of-two size class settles
+    it by measurement. Every rank calls this with the same ``nbytes`` (they all
+    make the same collective call); the slowest rank's times decide, so every
+    rank picks the same algorithm.
+    """
+    ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, nbytes))[:keep]
+    local = np.asarray(_median_times(transport, ranked, nbytes, repeats, 1), dtype=np.float64)
+    allreduce(transport, local, ReduceOp.MAX, "ring")
+    return ranked[int(np.argmin(local))]
 
 
 def _ms(seconds: float) -> str:

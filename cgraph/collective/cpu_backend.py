@@ -72,6 +72,7 @@ class CpuComm:
         )
         self.calibration: autotune.Calibration | None = None
         self._tuned = False
+        self._trials: dict[int, str] | None = {}  # size class -> measured winner; None: model only
 
     # ------------------------------------------------------------------ calls
     def allreduce(self, arr: np.ndarray, op: ReduceOp, algorithm: str) -> None:
@@ -132,7 +133,13 @@ class CpuComm:
             self.tune()
         if self.calibration is None:
             return autotune.FALLBACK
-        return self.calibration.choose(nbytes)
+        if self._trials is None or nbytes < autotune.TRIAL_MIN_BYTES:
+            return self.calibration.choose(nbytes)
+        size_class = max(nbytes - 1, 1).bit_length()  # one trial per power of two
+        if size_class not in self._trials:
+            with self._call("autotune trial"):
+                self._trials[size_class] = autotune.trial(self._t, self.calibration, nbytes)
+        return self._trials[size_class]
 
     def tune(self, sizes: Sequence[int] = autotune.FIT_BYTES, repeats: int = autotune.REPEATS) -> None:
         """Measure this group's transport and calibrate the cost model (every rank must call)."""
@@ -143,8 +150,9 @@ class CpuComm:
     def set_params(self, params: CostParams | None) -> None:
         """Use ``params`` (uncalibrated) for ``auto`` instead of measuring; same on every rank!"""
         if params is None:
-            self.calibration, self._tuned = None, False
+            self.calibration, self._tuned, self._trials = None, False, {}
             return
+        self._trials = None  # the user's parameters decide: no measured trials
         rpn = autotune.ranks_per_node(self._t)
         ratios: dict[str, tuple[float, ...]] = {a: (1.0,) for a in cost_model.candidates(rpn)}
         self.calibration = autotune.Calibration(self.world_size, rpn, params, (1,), ratios)
