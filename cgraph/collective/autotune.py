@@ -19,7 +19,7 @@ Two levels, as NCCL's tuner keeps a latency and a bandwidth per algorithm::
     choose(n)     = argmin over candidates        per call, no messages
 
 Then, the first "auto" call of each power-of-two size class (from 64 KiB) times
-the model's four best candidates at that very size (``trial``) and keeps the
+every candidate at that very size (``trial``), and keeps the
 fastest for the class: the model ranks, a measurement settles close calls.
 
 The ratio carries what the shared parameters cannot: on a host where ranks
@@ -55,8 +55,8 @@ WARMUP = 1
 FALLBACK = "ring"
 TRIAL_MIN_BYTES = 64 << 10
 """Smaller ``auto`` calls follow the calibrated model alone (a trial costs more than it saves)."""
-TRIAL_CANDIDATES = 4
-"""How many of the model's best candidates a size-class trial times."""
+TRIAL_CANDIDATES = 6
+"""How many of the model's best candidates a size-class trial times (6: all of them)."""
 TRIAL_REPEATS = 3
 """The choice without a calibration (bandwidth-optimal at any world size)."""
 DEFAULT_PARAMS = CostParams(alpha=2e-5, beta=2e-10, gamma=2e-10)
