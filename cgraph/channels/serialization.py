@@ -126,17 +126,18 @@ def pack_into(payload: Payload, dest: memoryview) -> None:
         dest[off : off + buf.nbytes] = buf  # the one copy of each array
 
 
-def loads(src: memoryview) -> Any:
+def loads(src: memoryview, writable: bool = False) -> Any:
     """Rebuild the value packed at the start of ``src`` (a writable byte view).
 
     Out-of-band buffers become views into ``src``: valid while ``src``'s memory
-    is mapped, and their contents only until the slot is reused.
+    is mapped, and their contents only until the slot is reused. ``writable``:
+    ``src`` is a private copy, so every array may be written (the driver's results).
     """
     plen, count = _HEAD.unpack_from(src, 0)
     start = _HEAD.size + _ENTRY.size * count
     if count == 0:
         return pickle.loads(src[start : start + plen])
-    readonly = src.toreadonly()
+    readonly = src if writable else src.toreadonly()
     buffers = []
     for i in range(count):
         off, length, flag = _ENTRY.unpack_from(src, _HEAD.size + _ENTRY.size * i)

@@ -234,7 +234,10 @@ class ShmReader(ChannelReader):
         self._holding = False
         self._detached = False
 
-    def read(self, timeout: float | None = None) -> Any:
+    def read(self, timeout: float | None = None, copy: bool = False) -> Any:
+        """The next value; a zero-copy view valid until ``release()``, or with
+        ``copy=True`` one copy of the slot's bytes that outlives it (the slot is
+        released at once)."""
         if self._holding:
             self._holding = False
             self._free.post_fast()
@@ -251,8 +254,15 @@ class ShmReader(ChannelReader):
         seq = self._seq
         self._seq = words[self._word] = seq + 1
         self._holding = True
+        slot = seq % self._handle.max_inflight
         try:
-            return loads(self._slots.readable(seq % self._handle.max_inflight))
+            view = self._slots.readable(slot)
+            if copy:
+                nbytes = words[_W_SLOTS + _SLOT_WORDS * slot + 2]
+                private = memoryview(bytearray(view[:nbytes]))
+                self.release()
+                return loads(private, writable=True)
+            return loads(view)
         except BaseException:
             self.release()
             raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
-from cgraph.channels.shm_channel import ShmChannel
+from cgraph.channels.shm_channel import ShmChannel, ShmReader
 from cgraph.errors import CompileError
 from cgraph.runtime.options import CompileOptions
 
@@ -112,22 +112,17 @@ def forget_local(handles: list[Any]) -> None:
             IntraChannel.shared(h.key, h.num_readers, h.max_inflight).unlink()
 
 
-_SCALARS = (int, float, str, bytes, bool, type(None))
-
-
 class CopyingReader:
-    """A driver-side reader whose values outlive ``release()`` (copied out of the slot)."""
+    """A driver-side reader whose values outlive ``release()``: one copy of the slot."""
 
     def __init__(self, reader: Any) -> None:
         self._reader = reader
+        self._copy = isinstance(reader, ShmReader)
 
     def read(self, timeout: float | None = None) -> Any:
-        value = self._reader.read(timeout)
-        if isinstance(value, _SCALARS):
-            return value
-        import pickle
-
-        return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        if self._copy:
+            return self._reader.read(timeout, copy=True)
+        return self._reader.read(timeout)  # in-process values are never views of a slot
 
     def release(self) -> None:
         self._reader.release()

@@ -181,3 +181,18 @@ def test_recompile_same_actors(workers):
         assert run(dag, 1) == [3]
     # the actors answer ordinary calls again after teardown
     assert ray.get(a.inc.remote(1)) == 2
+
+
+def test_driver_results_are_private_copies(workers):
+    (a,) = workers(1)
+    with InputNode() as inp:
+        dag = a.make_array.bind(inp)
+    compiled = cgraph.compile(dag, max_inflight_executions=2)
+    try:
+        first = compiled.execute(4).get(timeout=60)
+        for n in (4, 4, 4):
+            compiled.execute(n).get(timeout=60)  # reuse every output slot
+        assert first.tolist() == [0.0, 1.0, 2.0, 3.0]
+        first[0] = 7.0  # writable: the driver owns it
+    finally:
+        compiled.teardown()

@@ -338,3 +338,21 @@ def test_names_are_safe_and_one_to_one():
     assert segment_name("g", "a_b", pid=1) != segment_name("g_a", "b", pid=1)
     assert len(segment_name("g", "x" * 1000)) <= 200
     assert POLL_S <= 0.2
+
+
+def test_read_copy_outlives_the_slot_and_is_writable():
+    import numpy as np
+
+    from cgraph.channels.shm_channel import ShmChannel
+
+    with ShmChannel.create("copytest", "c", num_readers=1, max_inflight=1) as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer.write({"a": np.arange(6.0)})
+        got = reader.read(copy=True)  # released at once: the writer may reuse the slot
+        writer.write({"a": np.zeros(6)}, timeout=5)
+        assert got["a"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        got["a"][0] = 9.0  # a private copy
+        assert reader.read(timeout=5)["a"].tolist() == [0.0] * 6
+        reader.release()
+        writer.detach()
+        reader.detach()
