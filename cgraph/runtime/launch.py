@@ -15,6 +15,8 @@ from typing import Any
 
 import ray
 
+from cgraph._log import logger
+from cgraph.channels.segments import cleanup_stale_segments
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
 from cgraph.runtime.affinity import choose_cpus, pin_thread
@@ -117,6 +119,9 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
     handles = front.handles
     keys = {actor: _actor_key(handles[actor]) for actor in planned.schedule}
     _check_free(keys)
+    removed = cleanup_stale_segments()  # left by drivers that died without teardown
+    if removed:
+        logger.info("removed %d stale shared-memory segment(s) of dead cgraph drivers", len(removed))
     tag = uuid.uuid4().hex[:8]
     labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
     resources = _allocate(planned, tag, options)

@@ -157,3 +157,24 @@ def test_errors_are_also_rays_exception_types(pair, no_leaks):
         assert isinstance(info.value, ValueError) and isinstance(info.value, cgraph.TaskError)
     finally:
         compiled.teardown()
+
+
+def test_compile_removes_segments_of_dead_drivers(pair, no_leaks):
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    stale = f"/dev/shm/cgraph_{dead.stdout.strip()}_deadbeef_n0.shm"
+    with open(stale, "wb") as f:
+        f.write(b"\0" * 64)
+    a, _ = pair
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+    compiled = cgraph.compile(dag)
+    try:
+        assert not os.path.exists(stale)
+        assert compiled.execute(1).get(timeout=60) == 2
+    finally:
+        compiled.teardown()
