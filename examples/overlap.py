@@ -44,12 +44,19 @@ class TorchTensorWorker:
     def send(self, shape: tuple[int, ...], dtype: torch.dtype, value: int) -> torch.Tensor:
         return torch.ones(shape, dtype=dtype, device=self.device) * value
 
-    def recv_and_matmul(self, two_d_tensor: torch.Tensor) -> tuple[float, tuple[int, ...], torch.dtype]:
-        """Receive the tensor and do some expensive computation (matmul)."""
+    def recv_and_matmul(
+        self, two_d_tensor: torch.Tensor, side: int | None = None
+    ) -> tuple[float, tuple[int, ...], torch.dtype]:
+        """Receive the tensor and do some expensive computation (matmul).
+
+        ``side`` limits the matmul to the leading ``side`` x ``side`` block: on a
+        CPU a full matmul (n^3) dwarfs the transfer (n^2), leaving nothing to overlap.
+        """
         assert two_d_tensor.dim() == 2
         assert two_d_tensor.size(0) == two_d_tensor.size(1)
         assert two_d_tensor.device == self.device
-        torch.matmul(two_d_tensor, two_d_tensor)
+        block = two_d_tensor if side is None else two_d_tensor[:side, :side]
+        torch.matmul(block, block)
         return (two_d_tensor[0][0].item(), tuple(two_d_tensor.shape), two_d_tensor.dtype)
 
 
@@ -69,7 +76,8 @@ def make_actors(gpus: int) -> tuple[list, object, str, dict]:
     return senders, worker.remote(), transport, compile_options
 
 
-def run(overlap: bool, actors: tuple, shape: tuple[int, int], dtype: torch.dtype, iters: int) -> float:
+def run(overlap: bool, actors: tuple, shape: tuple[int, int], dtype: torch.dtype, iters: int,
+        side: int | None = None) -> float:
     """Compile the DAG over ``actors``, run ``iters`` timed executions, tear down; returns seconds."""
     senders, receiver, transport, compile_options = actors
     with InputNode() as inp:
@@ -78,7 +86,7 @@ def run(overlap: bool, actors: tuple, shape: tuple[int, int], dtype: torch.dtype
             branch.with_type_hint(TorchTensorType(transport=transport, _static_shape=True, _direct_return=True))
             for branch in branches
         ]
-        dag = MultiOutputNode([receiver.recv_and_matmul.bind(branch) for branch in branches])
+        dag = MultiOutputNode([receiver.recv_and_matmul.bind(branch, side) for branch in branches])
     compiled = dag.experimental_compile(_overlap_gpu_communication=overlap, **compile_options)
     try:
         for i in range(2):  # warm up: communicators connect, buffers grow
@@ -97,22 +105,29 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=None, help="timed executions per mode")
     parser.add_argument("--size", type=int, default=None, help="side of the square tensors")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of both modes; the best counts")
+    parser.add_argument("--matmul-side", type=int, default=None,
+                        help="matmul only the leading block of this side (CPU default 768)")
     args = parser.parse_args()
     gpus = torch.cuda.device_count()
     if gpus:
         size, dtype, iters = args.size or 10_000, torch.float16, args.iters or 5
+        side = args.matmul_side
         ray.init(num_cpus=NUM_SENDERS + 2, num_gpus=gpus if gpus > NUM_SENDERS else 1, include_dashboard=False)
     else:
-        size, dtype, iters = args.size or 1024, torch.float32, args.iters or 20
+        # balanced on 2 CPU cores: ~16 MiB per transfer against a 768^3 matmul
+        # (benchmarks/bench_overlap.py measures both alone)
+        size, dtype, iters = args.size or 2048, torch.float32, args.iters or 20
+        side = args.matmul_side or 768
         ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     where = f"{gpus} GPU(s)" if gpus else "CPU (CPU communicator)"
-    print(f"{NUM_SENDERS} senders -> 1 receiver, {size}x{size} {str(dtype).replace('torch.', '')} on {where}")
+    block = f", matmul of the leading {side}x{side} block" if side else ""
+    print(f"{NUM_SENDERS} senders -> 1 receiver, {size}x{size} {str(dtype).replace('torch.', '')} on {where}{block}")
     best = {False: float("inf"), True: float("inf")}
     try:
         actors = make_actors(gpus)
         for _ in range(args.rounds):  # alternate the modes; keep each one's best round
             for overlap in (False, True):
-                best[overlap] = min(best[overlap], run(overlap, actors, (size, size), dtype, iters))
+                best[overlap] = min(best[overlap], run(overlap, actors, (size, size), dtype, iters, side))
             os.environ.pop("CGRAPH_VISUALIZE_SCHEDULE", None)  # one picture per mode is enough
     finally:
         ray.shutdown()
