@@ -97,11 +97,11 @@ def create_channel(spec: Any, *, tag: str, options: CompileOptions) -> Any:
     return factory(spec, tag, options)
 
 
-def open_reader(handle: Any, local: dict[str, Any] | None = None) -> Any:
+def open_reader(handle: Any) -> Any:
     return handle.attach()
 
 
-def open_writer(handle: Any, local: dict[str, Any] | None = None) -> Any:
+def open_writer(handle: Any) -> Any:
     return handle.attach()
 
 

@@ -58,10 +58,9 @@ class Context:
         self.program = program
         self.execution = 0
         self.values: dict[str, Any] = {}
-        self.local: dict[str, Any] = {}  # intra-process channel objects, by channel id
-        self.readers = {node: open_reader(h, self.local) for node, h in program.readers.items()}
+        self.readers = {node: open_reader(h) for node, h in program.readers.items()}
         self.writers = {
-            node: tuple(open_writer(h, self.local) for h in hs) for node, hs in program.writers.items()
+            node: tuple(open_writer(h) for h in hs) for node, hs in program.writers.items()
         }
         # values written only to in-process channels: a Pending one passes through
         # unresolved, so a collective or RECV on the comm stream overlaps the compute

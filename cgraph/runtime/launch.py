@@ -104,7 +104,7 @@ def _driver_endpoints(planned: Any, resources: dict[str, Any]) -> DriverEndpoint
     writer = None
     if inp is not None and plan.for_node(inp.id):
         (spec,) = plan.for_node(inp.id)
-        writer = open_writer(resources[spec.id].writer_handle(), {})
+        writer = open_writer(resources[spec.id].writer_handle())
     readers = {}
     for kind, node in _output_spec(graph):
         if kind == "node" and node not in readers:

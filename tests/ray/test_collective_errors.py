@@ -10,33 +10,21 @@ import pytest
 import ray
 
 import cgraph.collective as col
-from tests.ray.test_collective_api import (
+from tests.ray.collective_helpers import (  # noqa: F401 - no_group_segments is an autouse fixture
     Member,
     destroy_everywhere,
     fresh,
     group_segments,
     init,
+    no_group_segments,
     run_all,
+    spawn_members,
 )
 
 
 @pytest.fixture(scope="module")
 def members(ray_session):
-    actors = [Member.remote() for _ in range(3)]
-    ray.get([a.run.remote(lambda: None) for a in actors])
-    yield actors
-    for actor in actors:
-        ray.kill(actor)
-
-
-@pytest.fixture(autouse=True)
-def no_group_segments(ray_session):
-    """Fail a test that leaves link segments of its groups in /dev/shm."""
-    yield
-    deadline = time.monotonic() + 5
-    while group_segments() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not group_segments(), f"leaked link segments: {group_segments()}"
+    yield from spawn_members(3)
 
 
 def allreduce_of(name, dtype="float32", shape=(4,), algorithm="ring"):

@@ -54,27 +54,40 @@ def dag_specs(draw):
     return steps, extra
 
 
-def build(spec, calcs):
+def interpret(spec, calcs, input_value, call):
+    """Walk ``spec`` once: ``input_value(key)`` gives ``inp[key]``/``inp.key``,
+    ``call(method, *args, **kwargs)`` makes one node (bind) or ref (remote).
+    Returns the outputs, in order."""
     steps, extra = spec
-    with InputNode() as inp:
-        made, used = [], set()
-        for actor, kind, args, c in steps:
-            values = []
-            for src, what in args:
-                if src == "inp":
-                    values.append(inp[what] if isinstance(what, int) else getattr(inp, what))
-                elif src == "const":
-                    values.append(what)
-                else:
-                    values.append(made[what])
-                    used.add(what)
-            if kind == "pair":
-                lo, _hi = calcs[actor].pair.options(num_returns=2).bind(values[0])
-                made.append(lo)
+    made, used = [], set()
+    for actor, kind, sources, c in steps:
+        values = []
+        for src, what in sources:
+            if src == "inp":
+                values.append(input_value(what))
+            elif src == "const":
+                values.append(what)
             else:
-                made.append(calcs[actor].lin.bind(*values, c=c))
-        outs = [i for i in range(len(made)) if i not in used] + extra
-        return MultiOutputNode([made[i] for i in dict.fromkeys(outs)])
+                values.append(made[what])
+                used.add(what)
+        if kind == "pair":
+            lo, _hi = call(calcs[actor].pair.options(num_returns=2), values[0])
+            made.append(lo)
+        else:
+            made.append(call(calcs[actor].lin, *values, c=c))
+    outs = [i for i in range(len(made)) if i not in used] + extra
+    return [made[i] for i in dict.fromkeys(outs)]
+
+
+def build(spec, calcs):
+    with InputNode() as inp:
+        outputs = interpret(
+            spec,
+            calcs,
+            lambda key: inp[key] if isinstance(key, int) else getattr(inp, key),
+            lambda method, *a, **k: method.bind(*a, **k),
+        )
+        return MultiOutputNode(outputs)
 
 
 @settings(
@@ -96,22 +109,10 @@ def test_random_dags_match_plain_ray(calcs, spec, inputs):
 
 def plain_ray(spec, calcs, args, kwargs):
     """The same DAG as ordinary actor calls, refs passed between them."""
-    steps, extra = spec
-    made, used = [], set()
-    for actor, kind, sources, c in steps:
-        values = []
-        for src, what in sources:
-            if src == "inp":
-                values.append(args[what] if isinstance(what, int) else kwargs[what])
-            elif src == "const":
-                values.append(what)
-            else:
-                values.append(made[what])
-                used.add(what)
-        if kind == "pair":
-            lo, _hi = calcs[actor].pair.options(num_returns=2).remote(values[0])
-            made.append(lo)
-        else:
-            made.append(calcs[actor].lin.remote(*values, c=c))
-    outs = [i for i in range(len(made)) if i not in used] + extra
-    return ray.get([made[i] for i in dict.fromkeys(outs)])
+    refs = interpret(
+        spec,
+        calcs,
+        lambda key: args[key] if isinstance(key, int) else kwargs[key],
+        lambda method, *a, **k: method.remote(*a, **k),
+    )
+    return ray.get(refs)
