@@ -9,6 +9,7 @@ it.
 from __future__ import annotations
 
 import builtins
+from typing import Any
 
 
 class CGraphError(Exception):
@@ -138,6 +139,13 @@ class TaskError(RuntimeGraphError):
         head = self.args[0] if self.args else ""
         return f"{head}\n{self.traceback_str}".rstrip()
 
+    def __getattr__(self, name: str) -> Any:
+        """Attributes the user's exception had (``err.code``, ...) read through to it."""
+        cause = self.__dict__.get("cause")
+        if cause is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(cause, name)
+
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (
             _rebuild_task_error,
@@ -169,7 +177,7 @@ class TaskError(RuntimeGraphError):
         if cause_type is not cls and not issubclass(cause_type, TaskError):
             try:
                 dual = _dual_type(cls, cause_type)
-                err: TaskError = dual.__new__(dual)
+                err: TaskError = _blank(dual)
             except TypeError:
                 pass  # layout conflict (e.g. OSError subclasses): a plain TaskError
             else:
@@ -182,6 +190,9 @@ class TaskError(RuntimeGraphError):
                     traceback_str=traceback_str,
                     cause=cause,
                 )
+                if isinstance(cause, OSError):  # C-level fields: not reached by __getattr__
+                    for field in ("errno", "strerror", "filename", "filename2"):
+                        setattr(err, field, getattr(cause, field))
                 return err
         return cls(
             message,
@@ -222,13 +233,34 @@ def with_compat(err: CGraphError) -> CGraphError:
             attrs = {"__str__": cls.__str__, "__module__": cls.__module__}
             dual = type(cls.__name__, (cls, *bases), attrs)
             _COMPAT_TYPES[cls] = dual
-        out: CGraphError = dual.__new__(dual)
+        out: CGraphError = _blank(dual)
     except TypeError:  # the bases' layouts cannot be combined: keep cgraph's own type
         return err
     out.args = err.args
     out.__dict__.update(err.__dict__)
     out.__dict__.setdefault("error_msg", str(err.args[0]) if err.args else "")
     return out
+
+
+def _blank(cls: type[Any]) -> Any:
+    """An uninitialised instance of an exception class with several bases.
+
+    ``cls.__new__`` resolves to the first base that defines ``__new__`` (often
+    ``RuntimeError``), which refuses when another base has a larger C layout
+    (``OSError``: ``TimeoutError``, ``FileNotFoundError``, ...); that base's own
+    ``__new__`` is the safe one, so try them in MRO order.
+
+    Raises:
+        TypeError: no base can build one (the layouts cannot be combined).
+    """
+    error: TypeError | None = None
+    for base in cls.__mro__[1:]:
+        if "__new__" in vars(base):
+            try:
+                return base.__new__(cls)
+            except TypeError as exc:
+                error = exc
+    raise error or TypeError(f"cannot instantiate {cls.__name__}")
 
 
 def _dual_type(cls: type[TaskError], cause_type: type[BaseException]) -> type[TaskError]:

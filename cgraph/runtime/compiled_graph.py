@@ -16,6 +16,7 @@ every waiter on the driver and in every actor.
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import threading
 import time
@@ -46,7 +47,12 @@ from cgraph.runtime.refs import CompiledFuture, CompiledRef
 # Code written for Ray Compiled Graphs catches Ray's classes: cgraph's errors are
 # instances of those too (and of cgraph's own, and of the user's exception type).
 register_compat(TaskError, ray.exceptions.RayTaskError)
-register_compat(ActorDiedError, ray.exceptions.ActorDiedError)
+register_compat(ActorDiedError, ray.exceptions.ActorDiedError, ray.exceptions.RayChannelError)
+register_compat(
+    TimeoutError, ray.exceptions.RayChannelTimeoutError, ray.exceptions.GetTimeoutError
+)
+register_compat(CapacityError, ray.exceptions.RayCgraphCapacityExceeded)
+register_compat(GraphTornDownError, ray.exceptions.RayChannelError)
 
 _LIVE: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 _IDS = itertools.count()
@@ -60,6 +66,11 @@ class InputUsage:
     positions: frozenset[int]
     keys: frozenset[str]
 
+    @functools.cached_property
+    def need(self) -> int:
+        """How many positional arguments ``execute`` needs at least."""
+        return max(self.positions, default=-1) + 1
+
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.whole and (len(args) != 1 or kwargs):
             raise ExecuteArgumentError(
@@ -67,14 +78,14 @@ class InputUsage:
                 f"exactly one positional argument; got {len(args)} positional and "
                 f"{len(kwargs)} keyword arguments. Use inp[i] / inp.key to read several."
             )
-        need = max(self.positions, default=-1) + 1
+        need = self.need
         if len(args) < need:
             raise ExecuteArgumentError(
                 f"this graph reads inp[{need - 1}], so execute() needs at least {need} "
                 f"positional argument(s); got {len(args)}"
             )
-        missing = sorted(self.keys - kwargs.keys())
-        if missing:
+        if self.keys and not self.keys <= kwargs.keys():
+            missing = sorted(self.keys - kwargs.keys())
             raise ExecuteArgumentError(
                 f"this graph reads inp.{missing[0]}, so execute() needs the keyword "
                 f"argument(s) {', '.join(missing)}; got {sorted(kwargs) or 'none'}"
@@ -209,14 +220,16 @@ class CompiledGraph:
         if self._failure is not None:
             raise self._failure
         if self._torn_down:
-            raise GraphTornDownError(
-                "this compiled graph was torn down; compile the DAG again to run it"
+            raise with_compat(
+                GraphTornDownError("this compiled graph was torn down; compile the DAG again to run it")
             )
 
     def _closed_error(self) -> RuntimeGraphError:
         if self._failure is not None:
             return self._failure
-        return GraphTornDownError("the compiled graph was torn down while waiting for a result")
+        return with_compat(
+            GraphTornDownError("the compiled graph was torn down while waiting for a result")
+        )
 
     def _make_room(self) -> None:
         limit = self.options.max_inflight_executions
@@ -224,19 +237,23 @@ class CompiledGraph:
             if self._next_read < self._submitted and self._next_read in self._discarded:
                 self._read_next(deadline=_deadline(self.options.get_timeout))
                 continue
-            raise CapacityError(
-                f"{limit} executions are submitted and not yet read "
-                f"(max_inflight_executions={limit}); call get() on earlier refs first, "
-                "or compile with a larger max_inflight_executions"
+            raise with_compat(
+                CapacityError(
+                    f"{limit} executions are submitted and not yet read "
+                    f"(max_inflight_executions={limit}); call get() on earlier refs first, "
+                    "or compile with a larger max_inflight_executions"
+                )
             )
 
     def _write_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             self._ep.input_writer.write((args, kwargs), timeout=self.options.submit_timeout)
         except ChannelTimeoutError:
-            raise TimeoutError(
-                f"could not submit within submit_timeout={self.options.submit_timeout}s: "
-                "the first actors are still busy with earlier executions"
+            raise with_compat(
+                TimeoutError(
+                    f"could not submit within submit_timeout={self.options.submit_timeout}s: "
+                    "the first actors are still busy with earlier executions"
+                )
             ) from None
         except ChannelClosedError:
             raise self._closed_error() from None
@@ -257,7 +274,9 @@ class CompiledGraph:
             if self._failure is not None:
                 raise self._failure
             if self._torn_down:
-                raise GraphTornDownError("the compiled graph was torn down before this result was read")
+                raise with_compat(
+                    GraphTornDownError("the compiled graph was torn down before this result was read")
+                )
             while self._next_read <= index:
                 self._read_next(deadline)
             return self._finish(self._results.pop(index))
@@ -279,9 +298,11 @@ class CompiledGraph:
             try:
                 value = reader.read(timeout=_remaining(deadline))
             except ChannelTimeoutError:
-                raise TimeoutError(
-                    f"execution {index} did not finish in time; the graph is still usable "
-                    "and the result can be read again"
+                raise with_compat(
+                    TimeoutError(
+                        f"execution {index} did not finish in time; the graph is still usable "
+                        "and the result can be read again"
+                    )
                 ) from None
             except ChannelClosedError:
                 raise self._closed_error() from None

@@ -60,8 +60,9 @@ def test_capacity_error_instead_of_hang(pair, no_leaks):
     compiled = cgraph.compile(dag, max_inflight_executions=2)
     try:
         refs = [compiled.execute(1), compiled.execute(2)]
-        with pytest.raises(cgraph.CapacityError, match="max_inflight_executions"):
+        with pytest.raises(cgraph.CapacityError, match="max_inflight_executions") as info:
             compiled.execute(3)
+        assert isinstance(info.value, ray.exceptions.RayCgraphCapacityExceeded)
         assert [r.get(timeout=60) for r in refs] == [2, 3]
         assert compiled.execute(4).get(timeout=60) == 5
     finally:
@@ -75,8 +76,14 @@ def test_get_timeout_then_result(pair, no_leaks):
     compiled = cgraph.compile(dag)
     try:
         ref = compiled.execute(7)
-        with pytest.raises(cgraph.TimeoutError):
+        with pytest.raises(cgraph.TimeoutError) as info:
             ref.get(timeout=0.1)
+        # what code written for Ray Compiled Graphs (or plain ray.get) catches
+        assert isinstance(info.value, ray.exceptions.RayChannelTimeoutError)
+        assert isinstance(info.value, ray.exceptions.GetTimeoutError)
+        assert isinstance(info.value, TimeoutError)
+        with pytest.raises(ray.exceptions.RayChannelTimeoutError):
+            ray.get(ref, timeout=0.1)
         assert ref.get(timeout=60) == 7
         assert compiled.execute(8).get(timeout=60) == 8
     finally:
@@ -105,8 +112,9 @@ def test_execute_after_teardown(pair, no_leaks):
     compiled = cgraph.compile(dag)
     compiled.teardown()
     compiled.teardown()  # idempotent
-    with pytest.raises(cgraph.GraphTornDownError):
+    with pytest.raises(cgraph.GraphTornDownError) as info:
         compiled.execute(1)
+    assert isinstance(info.value, ray.exceptions.RayChannelError)
 
 
 def test_teardown_with_executions_in_flight_frees_everything(pair, no_leaks):
