@@ -55,6 +55,7 @@ WRITABLE = 1
 _HEAD = struct.Struct("<QQ")
 _ENTRY = struct.Struct("<QQQ")
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
+_CONTAINERS = frozenset({tuple, list, dict})
 
 
 @dataclass(slots=True)
@@ -94,19 +95,24 @@ def dumps(value: Any) -> Payload:
 
 
 def _is_small_plain(value: Any, depth: int = 2) -> bool:
-    """A short tuple/list/dict of plain scalars (e.g. execute's ``(args, kwargs)``)."""
+    """A short tuple/list/dict of plain scalars (e.g. execute's ``(args, kwargs)``).
+
+    Plain loops, not ``all(genexpr)``: this runs on every write of a small value.
+    """
     kind = type(value)
     if kind in _PLAIN:
         return True
-    if depth == 0:
+    if depth == 0 or kind not in _CONTAINERS or len(value) > 8:
         return False
-    if kind is tuple or kind is list:
-        return len(value) <= 8 and all(_is_small_plain(v, depth - 1) for v in value)
     if kind is dict:
-        return len(value) <= 8 and all(
-            type(k) is str and _is_small_plain(v, depth - 1) for k, v in value.items()
-        )
-    return False
+        for k, v in value.items():
+            if type(k) is not str or (type(v) not in _PLAIN and not _is_small_plain(v, depth - 1)):
+                return False
+        return True
+    for v in value:
+        if type(v) not in _PLAIN and not _is_small_plain(v, depth - 1):
+            return False
+    return True
 
 
 def pack_into(payload: Payload, dest: memoryview) -> None:
@@ -124,6 +130,11 @@ def pack_into(payload: Payload, dest: memoryview) -> None:
     dest[start : start + len(payload.pickled)] = payload.pickled
     for buf, off in zip(payload.buffers, payload.offsets, strict=True):
         dest[off : off + buf.nbytes] = buf  # the one copy of each array
+
+
+def has_buffers(src: memoryview) -> bool:
+    """Whether the value packed at the start of ``src`` has out-of-band buffers."""
+    return bool(_HEAD.unpack_from(src, 0)[1])
 
 
 def loads(src: memoryview, writable: bool = False) -> Any:

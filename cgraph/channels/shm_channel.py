@@ -62,7 +62,7 @@ from cgraph.channels.segments import (
     unlink_quietly,
 )
 from cgraph.channels.semaphore import Semaphore
-from cgraph.channels.serialization import dumps, loads, pack_into
+from cgraph.channels.serialization import dumps, has_buffers, loads, pack_into
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
 POLL_S = 0.15
@@ -258,6 +258,10 @@ class ShmReader(ChannelReader):
         try:
             view = self._slots.readable(slot)
             if copy:
+                if not has_buffers(view):  # unpickling copies already: no private copy
+                    value = loads(view)
+                    self.release()
+                    return value
                 nbytes = words[_W_SLOTS + _SLOT_WORDS * slot + 2]
                 private = memoryview(bytearray(view[:nbytes]))
                 self.release()
