@@ -22,6 +22,8 @@ switches, read here and nowhere deeper:
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -67,31 +69,67 @@ class CompiledPlan:
             f"# schedule\n{format_grid(self.schedule)}"
         )
 
-    def visualize(self, path: str | os.PathLike[str] | None = None, *, format: str = "png") -> Path:
+    def visualize(
+        self,
+        filename: str | os.PathLike[str] | None = None,
+        format: str = "png",
+        view: bool = False,
+        channel_details: bool = False,
+    ) -> Path | str:
         """Draw the schedule, ops moved by the overlap pass in red.
 
+        Takes Ray Compiled Graphs' ``visualize`` arguments.
+
         Args:
-            path: where to write (a trailing ``.png``/``.dot``... is replaced by
+            filename: where to write (a trailing ``.png``/``.dot``... is replaced by
                 the format); default: a new numbered file in
                 ``$CGRAPH_VISUALIZE_DIR`` or ``./cgraph-schedules``.
-            format: "png", "svg" or "pdf" (a ``.dot`` file without graphviz).
+            format: "png", "svg" or "pdf" (a ``.dot`` file without graphviz), or
+                "ascii": the schedule grid as text, nothing written.
+            view: open the picture with the desktop's viewer (``xdg-open``) if there is one.
+            channel_details: accepted for Ray's signature; every edge is labelled anyway.
 
         Returns:
-            The path written.
+            The path written, or the text for "ascii".
         """
-        return draw_schedule(self.planned, path, format=format)
+        return draw_schedule(self.planned, filename, format=format, view=view)
 
 
 def draw_schedule(
-    planned: Any, path: str | os.PathLike[str] | None = None, *, format: str = "png"
-) -> Path:
-    """Render a planned schedule (ops moved by the overlap pass in red); returns the file."""
+    planned: Any,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    format: str = "png",
+    view: bool = False,
+) -> Path | str:
+    """Render a planned schedule (ops moved by the overlap pass in red); returns the file.
+
+    ``format="ascii"`` returns the schedule grid as text instead of writing a file.
+    """
+    if format == "ascii":
+        from cgraph.scheduler.ops import format_grid
+
+        return format_grid(planned.schedule)
     from cgraph import visualize  # lazy: only when a picture is asked for
 
     before = planned.before_overlap
     if path is None:
-        return visualize.write_schedule_picture(planned.schedule, before, format=format)
-    return visualize.render(visualize.schedule_to_dot(planned.schedule, before), path, format=format)
+        written = visualize.write_schedule_picture(planned.schedule, before, format=format)
+    else:
+        written = visualize.render(
+            visualize.schedule_to_dot(planned.schedule, before), path, format=format
+        )
+    if view:
+        _open_viewer(written)
+    return written
+
+
+def _open_viewer(path: Path) -> None:
+    opener = shutil.which("xdg-open") or shutil.which("open")
+    if opener is None:
+        logger.warning("visualize(view=True): no viewer (xdg-open) here; the picture is %s", path)
+        return
+    subprocess.Popen([opener, str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def plan_dag(

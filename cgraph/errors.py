@@ -106,8 +106,8 @@ class CapacityError(RuntimeGraphError):
     """More unread executions than ``max_inflight_executions`` allows."""
 
 
-class RefConsumedError(RuntimeGraphError):
-    """A compiled ref's result was already read."""
+class RefConsumedError(RuntimeGraphError, ValueError):
+    """A compiled ref's result was already read (a ``ValueError``, as in Ray)."""
 
 
 class TaskError(RuntimeGraphError):

@@ -171,11 +171,21 @@ class CompiledGraph:
         """``fut = await compiled.execute_async(x); result = await fut``."""
         return CompiledFuture(self.execute(*args, **kwargs))
 
-    def visualize(self, path: str | None = None, *, format: str = "png") -> Any:
-        """Write the schedule picture (moved ops in red when overlap is on); returns its path."""
+    def visualize(
+        self,
+        filename: str | None = None,
+        format: str = "png",
+        view: bool = False,
+        channel_details: bool = False,
+    ) -> Any:
+        """Write the schedule picture (moved ops in red when overlap is on); returns its path.
+
+        Ray Compiled Graphs' arguments; ``format="ascii"`` returns the schedule grid
+        as text. See ``cgraph.CompiledPlan.visualize``.
+        """
         from cgraph.compiler import draw_schedule  # lazy: pictures are optional
 
-        return draw_schedule(self.planned, path, format=format)
+        return draw_schedule(self.planned, filename, format=format, view=view)
 
     def teardown(self, timeout: float = 10.0) -> None:
         """Stop every actor loop and free every channel. Safe to call twice."""

@@ -49,6 +49,8 @@ def test_ref_read_twice(pair, no_leaks):
         assert ref.get(timeout=60) == 2
         with pytest.raises(cgraph.RefConsumedError):
             ref.get()
+        with pytest.raises(ValueError, match="already read"):  # what Ray raises here
+            ray.get(ref)
     finally:
         compiled.teardown()
 

@@ -191,6 +191,15 @@ def test_visualize_to_a_chosen_path(tmp_path):
     assert written.parent == tmp_path and written.stem == "seed" and written.exists()
 
 
+def test_visualize_takes_rays_arguments(tmp_path):
+    compiled = cgraph.plan(build_seed_dag(), overlap_gpu_communication=True)
+    written = compiled.visualize(filename=str(tmp_path / "ray_style"), format="svg", channel_details=True)
+    assert written.stem == "ray_style" and written.exists()
+    text = compiled.visualize(format="ascii")
+    assert isinstance(text, str) and "RECV" in text and "SEND" in text
+    assert list(tmp_path.iterdir()) == [written], "ascii writes nothing"
+
+
 # --------------------------------------------------------------------------- logging
 @contextlib.contextmanager
 def bare_root():
