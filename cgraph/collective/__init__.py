@@ -22,7 +22,8 @@ from typing import Any
 from cgraph.collective.types import ReduceOp
 
 _API = (
-    "init_collective_group", "declare_collective_group", "is_group_initialized", "get_rank",
+    "init_collective_group", "declare_collective_group", "create_collective_group",
+    "is_group_initialized", "get_rank",
     "get_collective_group_size", "destroy_collective_group", "nccl_available", "gloo_available",
     "allreduce", "reduce", "broadcast", "allgather", "reducescatter", "send", "recv", "barrier",
     "split_strided", "split_2d", "node_team", "world_team",

@@ -72,6 +72,10 @@ def declare_collective_group(actors: Sequence[Any], world_size: int, ranks: Sequ
     groups.declare(actors, world_size, ranks, backend, group_name, timeout_s)
 
 
+create_collective_group = declare_collective_group
+"""Ray's name (``ray.util.collective.create_collective_group``) for ``declare_collective_group``."""
+
+
 def is_group_initialized(group_name: str = "default") -> bool:
     """True if this process is a member of ``group_name`` (declared membership counts)."""
     return groups.find(group_name) is not None

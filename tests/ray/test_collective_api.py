@@ -310,3 +310,28 @@ def test_calibration_follows_the_measurements_where_the_shared_model_cannot():
             expected = cost_model.predict(a, 8, n, truth, 8) * slowdown.get(a, 1.5)
             assert cal.predict(a, n) == pytest.approx(expected, rel=0.05)
     assert "<- auto" in cal.explain(1 << 24)
+
+
+def ray_style_ops(name):
+    """What code written for ray.util.collective does: Ray's ReduceOp enum, torch tensors."""
+    from ray.util.collective.types import ReduceOp as RayReduceOp
+
+    rank = col.get_rank(name)
+    t = torch.full((3,), rank + 2.0)
+    col.allreduce(t, group_name=name, op=RayReduceOp.PRODUCT)
+    m = torch.full((2,), float(rank))
+    col.allreduce(m, name, RayReduceOp.MIN)
+    return rank, t.tolist(), m.tolist()
+
+
+@pytest.mark.skipif(not col.gloo_available(), reason="torch without gloo")
+def test_rays_create_collective_group_and_reduce_ops(members):
+    name = fresh("raystyle")
+    actors = members[:2]
+    col.create_collective_group(actors, 2, [1, 0], backend="gloo", group_name=name)
+    try:
+        results = run_all(actors, ray_style_ops, name)
+    finally:
+        destroy_everywhere(actors, name)
+    assert sorted(results) == [(0, [6.0] * 3, [0.0] * 2), (1, [6.0] * 3, [0.0] * 2)]
+    assert [r[0] for r in results] == [1, 0], "actors[i] got ranks[i]"
