@@ -13,7 +13,9 @@ place of the result; the loop itself never stops for one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import inspect
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from cgraph.channels.intra_channel import IntraWriter
@@ -82,6 +84,19 @@ class Context:
             fn = self.methods[name] = getattr(self.instance, name)
         return fn
 
+    def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Finish an ``async def`` method's coroutine on this loop's own event loop.
+
+        The loop thread has no running event loop (Ray runs ``__ray_call__`` of an
+        async actor in a worker thread), so the coroutine runs to completion here;
+        state tied to the actor's main event loop (its queues, locks) is not usable.
+        """
+        loop = self.extra.get("event_loop")
+        if loop is None:
+            loop = self.extra["event_loop"] = asyncio.new_event_loop()
+            self.close_hooks.append(loop.close)
+        return loop.run_until_complete(coro)
+
     def value(self, node: str) -> Any:
         """The value of ``node`` in this execution, waiting for it if it is in flight."""
         value = self.values[node]
@@ -147,6 +162,8 @@ def _run_method(spec: ComputeSpec, ctx: Context) -> Any:
         return up.error  # an upstream method failed: forward its error, skip this one
     try:
         result = ctx.method(spec.method)(*args, **kwargs)
+        if inspect.iscoroutine(result):  # an async def method
+            result = ctx.run_coroutine(result)
         if spec.num_returns > 1:
             result = tuple(result)
             if len(result) != spec.num_returns:

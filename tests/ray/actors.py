@@ -85,3 +85,29 @@ class AffinityProbe:
         import threading
 
         return sorted(os.sched_getaffinity(threading.get_native_id()))
+
+
+@ray.remote(num_cpus=0)
+class AsyncWorker:
+    """An async actor: its ``async def`` methods run inside compiled graphs too."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    async def add_later(self, x, y=1):
+        import asyncio
+
+        await asyncio.sleep(0.001)
+        self.seen += 1
+        return x + y
+
+    async def fail_on(self, x, bad):
+        import asyncio
+
+        await asyncio.sleep(0)
+        if x == bad:
+            raise KeyError(f"bad key {x}")
+        return x
+
+    def count(self):
+        return self.seen

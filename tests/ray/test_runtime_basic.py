@@ -196,3 +196,25 @@ def test_driver_results_are_private_copies(workers):
         first[0] = 7.0  # writable: the driver owns it
     finally:
         compiled.teardown()
+
+
+def test_async_actor_methods(ray_session):
+    """``async def`` methods return coroutines; the loop runs them to their value."""
+    from tests.ray.actors import AsyncWorker
+
+    a, b = AsyncWorker.remote(), AsyncWorker.remote()
+    try:
+        with InputNode() as inp:
+            dag = b.fail_on.bind(a.add_later.bind(inp, y=10), bad=13)
+        compiled = cgraph.compile(dag)
+        try:
+            assert compiled.execute(1).get(timeout=60) == 11
+            with pytest.raises(KeyError, match="bad key 13"):
+                compiled.execute(3).get(timeout=60)
+            assert compiled.execute(5).get(timeout=60) == 15
+        finally:
+            compiled.teardown()
+        assert ray.get(a.count.remote(), timeout=30) == 3
+    finally:
+        ray.kill(a)
+        ray.kill(b)
