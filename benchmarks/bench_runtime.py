@@ -342,6 +342,14 @@ def measure_floor(s: Settings) -> dict[str, Any]:
         log(f"  floor {kind}: median {out[kind]['median_us']:.1f} us, p99 {out[kind]['p99_us']:.1f} us, "
             f"best batch median {out[kind]['best_batch_median_us']:.1f} us")
     out["floor_round_trip_us"] = min(out["pipe"]["best_batch_median_us"], out["eventfd"]["best_batch_median_us"])
+    allowed = sorted(os.sched_getaffinity(0))
+    placements = {"pipe_one_cpu": (allowed[-1], allowed[-1])}
+    if len(allowed) > 1:
+        placements["pipe_two_cpus"] = (allowed[0], allowed[-1])
+    for name, cpus in placements.items():  # where each process runs, made explicit
+        out[name] = summarize_ns(pingpong_round_trips("pipe", s.floor_iters, s.floor_iters // 10, cpus))
+        out[name]["cpus"] = list(cpus)
+        log(f"  floor {name} {cpus}: median {out[name]['median_us']:.1f} us, p99 {out[name]['p99_us']:.1f} us")
     return out
 
 

@@ -129,12 +129,15 @@ def gb_per_s(nbytes: int, seconds: float) -> float:
 
 
 # ---------------------------------------------------------------- physical floor
-def pingpong_round_trips(kind: str, iterations: int, warmup: int = 0) -> list[int]:
+def pingpong_round_trips(kind: str, iterations: int, warmup: int = 0,
+                         cpus: tuple[int, int] | None = None) -> list[int]:
     """ns per round trip between this process and a forked child: the kernel's wake-up floor.
 
     ``kind``: "pipe" (one byte each way through two pipes) or "eventfd" (two
-    blocking eventfds). Fork before starting threads (Ray, torch): the child runs
-    only these system calls and leaves with ``os._exit``.
+    blocking eventfds). ``cpus``: (this thread's CPU, the child's CPU) to pin
+    them to for the measurement; None leaves placement to the scheduler. Fork
+    before starting threads (Ray, torch): the child runs only these system calls
+    and leaves with ``os._exit``.
     """
     if kind == "pipe":
         (to_child_r, to_child_w), (to_parent_r, to_parent_w) = os.pipe(), os.pipe()
@@ -158,6 +161,8 @@ def pingpong_round_trips(kind: str, iterations: int, warmup: int = 0) -> list[in
     pid = os.fork()
     if pid == 0:  # the child: answer every ping, then leave without cleanup
         try:
+            if cpus is not None:
+                os.sched_setaffinity(0, {cpus[1]})
             for _ in range(total):
                 recv(to_child_r)
                 send(to_parent_w)
@@ -168,9 +173,13 @@ def pingpong_round_trips(kind: str, iterations: int, warmup: int = 0) -> list[in
         send(to_child_w)
         recv(to_parent_r)
 
+    before = os.sched_getaffinity(0)
     try:
+        if cpus is not None:
+            os.sched_setaffinity(0, {cpus[0]})
         samples = time_calls(round_trip, iterations, warmup)
     finally:
+        os.sched_setaffinity(0, before)
         os.waitpid(pid, 0)
         for fd in {to_child_r, to_child_w, to_parent_r, to_parent_w}:
             os.close(fd)

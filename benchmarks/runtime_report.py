@@ -255,12 +255,38 @@ def _md_floor(sec: dict[str, Any]) -> str:
     if status := status_note(sec, "floor"):
         return status
     floor = sec["floor"]
-    rows = [[kind, fmt(floor[kind]["median_us"]), fmt(floor[kind]["p99_us"]), fmt(floor[kind]["min_us"]),
-             fmt(floor[kind]["best_batch_median_us"])] for kind in ("pipe", "eventfd")]
+    rows = [[kind, "scheduler's choice", fmt(floor[kind]["median_us"]), fmt(floor[kind]["p99_us"]),
+             fmt(floor[kind]["min_us"]), fmt(floor[kind]["best_batch_median_us"])] for kind in ("pipe", "eventfd")]
+    for name, where in (("pipe_one_cpu", "both on CPU {0}"), ("pipe_two_cpus", "CPU {0} and CPU {1}")):
+        if name in floor:
+            f = floor[name]
+            rows.append(["pipe", where.format(*f["cpus"]), fmt(f["median_us"]), fmt(f["p99_us"]),
+                         fmt(f["min_us"]), ""])
     return (f"Two forked processes, {floor['iterations']} round trips each in {floor['batches']} batches; "
             "other work on the shared cores only adds to a wake-up, so the floor the targets use is the "
             f"best batch median of the cheaper primitive: {floor['floor_round_trip_us']:.1f} us.\n\n"
-            + markdown_table(["primitive", "median us", "p99 us", "min us", "best batch median us"], rows))
+            + markdown_table(["primitive", "processes pinned", "median us", "p99 us", "min us",
+                              "best batch median us"], rows)
+            + _placement_note(sec))
+
+
+def _placement_note(sec: dict[str, Any]) -> str:
+    """What the pinned floors say about the echo target (2 hops = 1 round trip)."""
+    floor = sec["floor"]
+    echo = ((ok_entry(sec.get("latency")) or {}).get("dags", {}).get("echo") or {}).get("systems", {})
+    anchor = ok_entry(echo.get("ray_cgraph"))
+    if "pipe_two_cpus" not in floor or not anchor:
+        return ""
+    two, one = floor["pipe_two_cpus"]["median_us"], floor["pipe_one_cpu"]["median_us"]
+    budget = anchor["median_us"] / 4
+    head = (f"\n\nPlacement decides the floor: a bare round trip between processes on two CPUs costs "
+            f"{two:.1f} us (an idle vCPU halts and is woken through the hypervisor), on one CPU "
+            f"{one:.1f} us. The echo target (1/4 of Ray CG: {budget:.1f} us) ")
+    if budget >= two:
+        return head + "lies above the two-CPU bare round trip."
+    return head + ("lies below the two-CPU bare round trip, so processes on two CPUs that sleep while "
+                   "they wait cannot meet it here; Ray CG's actors busy-wait instead (see the idle CPU "
+                   "table), and `cpu_affinity=\"colocate\"` puts cgraph's processes on one CPU.")
 
 
 def _md_idle(sec: dict[str, Any]) -> str:
