@@ -16,6 +16,8 @@ dtype), so nothing is allocated behind the caller's back.
     broadcast(t, src)               t = src's t                            src sends to each rank
     barrier()                       returns once every rank called it      allreduce of one element
     synchronize()                   queued work (a GPU stream) is done     no-op (CPU: calls block)
+    recv_view(shape, dtype, src)    (optional) a tensor viewing the        absent: recv into a buffer
+                                    message where it arrived, and a lease
 
 ``stream`` is the ``torch.cuda.Stream`` a GPU communicator enqueues on (its
 calls return before the data has moved; ``synchronize`` waits) and ``None`` on
@@ -31,11 +33,20 @@ below (correct with rendezvous point-to-point, slow for big groups), which it
 may override. cgraph pickles the user's object, ships one copy to every member
 actor and calls ``initialize(rank, world_size, group_name)`` there before any
 other call; ``abort`` (optional) must make calls blocked in other threads fail.
+
+``recv_view`` is an optional capability (found with ``view_receiver``, not a
+method of the class): a communicator whose messages land in memory the
+receiver can read in place returns ``(tensor, lease)``, the tensor valid until
+``lease.release()``. The CPU communicator has it (a view of its shared-memory
+link's slot); cgraph uses it for the last message an actor receives on a link
+in an execution and releases the lease at the execution's end. Without it,
+cgraph allocates a buffer and calls ``recv``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cgraph.collective.types import ReduceOp
@@ -77,6 +88,12 @@ def reduce_into(op: ReduceOp, acc: torch.Tensor, other: torch.Tensor) -> None:
     import torch
 
     getattr(torch, _TORCH_REDUCE[op])(acc, other, out=acc)
+
+
+def view_receiver(comm: Any) -> Callable[[tuple[int, ...], Any, int], tuple[Any, Any]] | None:
+    """``comm.recv_view`` (the optional zero-copy receive, see the module docstring), or None."""
+    fn = getattr(comm, "recv_view", None)
+    return fn if callable(fn) else None
 
 
 def missing_methods(obj: Any) -> list[str]:

@@ -4,7 +4,9 @@ Every ordered pair of ranks has its own shared-memory channel (a *link*), made
 by the driver and attached in the actors; messages between one pair arrive in
 the order they were sent. ``send`` copies the tensor's bytes into the link's
 next slot (blocking only when ``LINK_SLOTS`` messages are unread), ``recv``
-copies the next message out of it and frees the slot::
+copies the next message out of it and frees the slot, and ``recv_view``
+returns a tensor over the message where it lies, the slot taken until its
+lease is released (one viewed message per link at a time)::
 
     rank 0 ──link 0>1──► rank 1        3 ranks: 6 links
        ▲ ◄──link 1>0───┘   │           links[src][dst], one writer, one reader
@@ -24,6 +26,8 @@ rank blocked on it with ``ChannelClosedError``.
 from __future__ import annotations
 
 import functools
+import math
+import sys
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +47,8 @@ LINK_SLOTS = 2
 
 LINK_BUFFER = 64 << 10
 """First size of a link slot; a larger message grows the slot once."""
+
+_UINT8 = np.dtype(np.uint8)
 
 
 @dataclass(frozen=True)
@@ -87,12 +93,18 @@ def create_links(tag: str, name: str, world_size: int) -> tuple[list[ShmChannel]
 
 
 class LinkTransport:
-    """``cgraph.collective.Transport`` over one rank's links (numpy buffers)."""
+    """``cgraph.collective.Transport`` over one rank's links.
+
+    The collectives move numpy buffers; ``CpuCommunicator.send`` sends flat
+    uint8 tensors, which the link's serializer rebuilds on the reader as a
+    writable tensor over the slot: ``recv`` copies it out, ``view`` lends it.
+    """
 
     def __init__(self, ends: LinkEnds) -> None:
         self._rank, self._size = ends.rank, ends.world_size
         self._out = [h.attach() if h is not None else None for h in ends.out]
         self._inp = [h.attach() if h is not None else None for h in ends.inp]
+        self._viewed: set[int] = set()  # peers whose last message a lease still views
 
     @property
     def rank(self) -> int:
@@ -105,22 +117,59 @@ class LinkTransport:
     def node_of(self, rank: int) -> Hashable:
         return 0  # one host
 
-    def send(self, buf: np.ndarray, dst: int) -> None:
+    def send(self, buf: np.ndarray | torch.Tensor, dst: int) -> None:
         self._peer(self._out, dst).write(buf)
 
     def recv(self, buf: np.ndarray, src: int) -> None:
-        reader = self._peer(self._inp, src)
-        message = reader.read()
+        _, array, reader = self._take(src, buf.dtype, buf.size)
         try:
-            if not isinstance(message, np.ndarray) or message.dtype != buf.dtype or message.size != buf.size:
-                got = f"{message.size} x {message.dtype}" if isinstance(message, np.ndarray) else repr(message)
-                raise ValueError(
-                    f"rank {self._rank} recv from rank {src}: message of {got} does not fit a buffer "
-                    f"of {buf.size} x {buf.dtype}; the ranks issued different calls or shapes"
-                )
-            np.copyto(buf.reshape(-1), message.reshape(-1))
+            np.copyto(buf.reshape(-1), array.reshape(-1))
         finally:
             reader.release()
+
+    def view(self, nbytes: int, src: int) -> tuple[torch.Tensor, Lease]:
+        """The next message from ``src``, ``nbytes`` bytes, as a flat uint8 tensor where it lies.
+
+        The link's slot stays taken, and the view valid, until the lease is
+        released; a receive from ``src`` before that raises instead of freeing
+        the slot under the view.
+        """
+        message, array, reader = self._take(src, _UINT8, nbytes)
+        if isinstance(message, np.ndarray):  # an array from ``send``: read-only, so a copy
+            import torch
+
+            reader.release()
+            return torch.from_numpy(array.copy()), Lease(self, src)
+        self._viewed.add(src)
+        return message, Lease(self, src)
+
+    def end_view(self, src: int) -> None:
+        """Free the slot of the message from ``src`` that a lease views (idempotent)."""
+        if src in self._viewed:
+            self._viewed.discard(src)
+            self._inp[src].release()
+
+    def _take(self, src: int, dtype: Any, size: int) -> tuple[Any, np.ndarray, Any]:
+        """The next message from ``src``, its array form checked to fit ``size x dtype``, and the reader."""
+        reader = self._peer(self._inp, src)
+        if src in self._viewed:
+            raise RuntimeError(
+                f"rank {self._rank} recv from rank {src}: the previous message from rank {src} is "
+                "still viewed; release its lease first (this receive would free its slot)"
+            )
+        message = reader.read()
+        try:
+            array = message if isinstance(message, np.ndarray) else _tensor_bytes(message)
+            if array is None or array.dtype != dtype or array.size != size:
+                got = f"{array.size} x {array.dtype}" if array is not None else repr(message)
+                raise ValueError(
+                    f"rank {self._rank} recv from rank {src}: message of {got} does not fit a buffer "
+                    f"of {size} x {np.dtype(dtype)}; the ranks issued different calls or shapes"
+                )
+        except BaseException:
+            reader.release()
+            raise
+        return message, array, reader
 
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int) -> None:
         self.send(sendbuf, dst)  # buffered: the send returns before the peer reads
@@ -133,6 +182,7 @@ class LinkTransport:
                 end.close()
 
     def detach(self) -> None:
+        self._viewed.clear()
         for end in (*self._out, *self._inp):
             if end is not None:
                 end.detach()
@@ -141,6 +191,18 @@ class LinkTransport:
         if not 0 <= peer < self._size or peer == self._rank:
             raise ValueError(f"rank {self._rank}: no link to rank {peer} in a group of {self._size}")
         return ends[peer]
+
+
+class Lease:
+    """Holds the link slot a received view lies in; ``release()`` frees it (idempotent)."""
+
+    __slots__ = ("_transport", "_src")
+
+    def __init__(self, transport: LinkTransport, src: int) -> None:
+        self._transport, self._src = transport, src
+
+    def release(self) -> None:
+        self._transport.end_view(self._src)
 
 
 class CpuCommunicator(Communicator):
@@ -172,11 +234,28 @@ class CpuCommunicator(Communicator):
         return self._transport
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
+        # A flat uint8 tensor: the link's serializer copies it once into the slot, and
+        # the receiver gets a writable tensor over the slot (``recv_view``) or copies it.
         self._transport.send(_bytes_of(tensor.detach().contiguous()), dst)
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         with _Writable(tensor, raw=True) as flat:
             self._transport.recv(flat, src)
+
+    def recv_view(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> tuple[torch.Tensor, Lease]:
+        """Receive without a copy: a tensor viewing the message in the link, valid until
+        ``lease.release()`` (the optional capability of ``Communicator``).
+
+        Only one message per peer can be viewed at a time: release the lease
+        before the next receive from ``src`` (including collectives), or that
+        receive raises ``RuntimeError``.
+        """
+        flat, lease = self._transport.view(math.prod(shape) * dtype.itemsize, src)
+        try:
+            return flat.view(dtype).reshape(shape), lease
+        except BaseException:
+            lease.release()
+            raise
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
         with _Writable(tensor) as flat:
@@ -227,11 +306,19 @@ def _even(n: int, p: int) -> tuple[tuple[int, int], ...]:
     return tuple((r * n, (r + 1) * n) for r in range(p))
 
 
-def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
-    """The raw bytes of a contiguous tensor as a uint8 array (any dtype, bfloat16 too)."""
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a contiguous tensor as a flat uint8 tensor (any dtype, bfloat16 too)."""
     import torch
 
-    return tensor.cpu().reshape(-1).view(torch.uint8).numpy()
+    return tensor.cpu().reshape(-1).view(torch.uint8)
+
+
+def _tensor_bytes(message: Any) -> np.ndarray | None:
+    """A flat uint8 tensor message as a numpy view; None for anything else."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(message, torch.Tensor) or message.dtype != torch.uint8 or message.dim() != 1:
+        return None
+    return message.numpy()  # type: ignore[no-any-return]
 
 
 class _Writable:

@@ -9,7 +9,8 @@ shared-memory *side channel* for everything that is not tensor data::
             replaced by its index (nested in lists,
             dicts, tuples, dataclasses, any object)
         side item  ──────── side channel (shm) ───────►  side item
-        tensors    ──────── communicator ─────────────►  recv into fresh buffers
+        tensors    ──────── communicator ─────────────►  recv into fresh buffers, or the
+                                                          last one a view (recv_view, below)
                                                           (shape, dtype from the item)
                                                           decode: tensors back in place,
                                                           moved to hint.device
@@ -33,6 +34,14 @@ once its receive is complete (``synchronize``), polls the side channel
 without blocking: an item for this ``seq`` turns the value into the error, an
 item for a later ``seq`` waits in ``stash`` for its execution.
 
+Where the communicator offers ``recv_view`` (the CPU communicator) and this
+RECV is the actor's last read of that peer's link in the execution
+(``view_last``, decided from the schedule by ``comm_ops``), the edge's last
+tensor is a view of the link's slot instead of a copy, valid for the
+execution like a shared-memory channel read; ``release()`` frees the slot at
+the execution's end. Earlier tensors on the link are copies, since the link
+holds one viewed message at a time.
+
 Errors of the protocol itself become ``ErrorValue`` s that flow like user
 errors (the graph stays usable): a ``_direct_return`` method that returns
 anything but one tensor, a ``_static_shape`` edge whose tensors change after
@@ -48,6 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cgraph.channels.communicator import view_receiver
 from cgraph.errors import RuntimeGraphError
 from cgraph.runtime.error_value import ErrorValue
 
@@ -203,17 +213,25 @@ class EdgeWriter(_End):
 
 
 class EdgeReader(_End):
-    """The consuming end of one communicator channel."""
+    """The consuming end of one communicator channel.
 
-    def __init__(self, comm: Any, peer: int, side: Any, hint: Any, node: str) -> None:
+    ``view_last``: this edge's last tensor of an execution is the last message
+    the actor receives from ``peer`` in it, so, where the communicator can
+    (``recv_view``), it arrives as a view of the communicator's memory, valid
+    until ``release()`` at the execution's end; the other tensors are copies.
+    """
+
+    def __init__(self, comm: Any, peer: int, side: Any, hint: Any, node: str, *, view_last: bool = False) -> None:
         super().__init__(comm, peer, side, hint, node)
         self.stash: Failed | None = None
+        self.viewer = view_receiver(comm) if view_last else None
+        self.leases: list[Any] = []  # what the views handed out in this execution hold
 
     def recv(self) -> tuple[Any, list[Any]]:
         """The next value and the tensors received for it (the value may be an ErrorValue)."""
         seq, self.seq = self.seq, self.seq + 1
         if not self.side_is_read:
-            tensors = [self._recv(spec) for spec in self.specs or ()]
+            tensors = self._recv_all(self.specs)
             self.comm.synchronize()  # the poll must come after the data (and any Failed) arrived
             failed = self._poll(seq)
             return (failed.error, []) if failed else (self._place(tensors)[0], tensors)
@@ -228,8 +246,23 @@ class EdgeReader(_End):
         specs = item.specs if item.specs is not None else self.specs
         if self.static and self.specs is None:
             self.specs = item.specs
-        tensors = [self._recv(spec) for spec in specs or ()]
+        tensors = self._recv_all(specs)
         return decode(item.structure, self._place(tensors)), tensors
+
+    def release(self) -> None:
+        """Free what the views of this execution hold (at its end; idempotent)."""
+        leases, self.leases = self.leases, []
+        for lease in leases:
+            lease.release()
+
+    def _recv_all(self, specs: tuple[Spec, ...] | None) -> list[Any]:
+        if not specs or self.viewer is None:
+            return [self._recv(spec) for spec in specs or ()]
+        tensors = [self._recv(spec) for spec in specs[:-1]]  # copies: the link is read again
+        tensor, lease = self.viewer(*specs[-1], self.peer)
+        self.leases.append(lease)
+        tensors.append(tensor)
+        return tensors
 
     def _recv(self, spec: Spec) -> Any:
         import torch

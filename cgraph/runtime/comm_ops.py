@@ -24,9 +24,12 @@ them, and each op starts no later than if the lane ran one op at a time: a
 schedule the deadlock check passed cannot deadlock here. At the end of an execution
 the actor waits for its comm thread to finish that execution's ops (before
 the shared-memory slots read in it are released, since a SEND may still be
-copying out of one). A failure on the thread (a channel closed by teardown or
-by the driver after an actor died) surfaces where the value is waited for and
-ends the loop like any closed channel.
+copying out of one), then frees the link slots that its received views hold:
+a RECV that is the lane's last read of its link (``last_link_reads``) gets
+its last tensor as a view where the communicator offers ``recv_view``. A
+failure on the thread (a channel closed by teardown or by the driver after an
+actor died) surfaces where the value is waited for and ends the loop like any
+closed channel.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from cgraph.errors import ChannelClosedError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, encode
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, GroupEndpoint, open_group
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.scheduler.ops import Op, Stream
+from cgraph.scheduler.ops import Op, OpKind, Stream
 
 Body = Callable[[], tuple[Any, list[Any]]]  # returns (value, tensors received or made)
 
@@ -65,8 +68,11 @@ class CommState:
                 _watch(group, self.comms[name])
         self.writers = {k: EdgeWriter(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node)
                         for k, e in program.sends.items()}
-        self.readers = {k: EdgeReader(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node)
+        viewable = last_link_reads(ctx.program.ops, program)
+        self.readers = {k: EdgeReader(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node,
+                                      view_last=k in viewable)
                         for k, e in program.recvs.items()}
+        self.viewing = [r for r in self.readers.values() if r.viewer is not None]
         if any(op.stream is Stream.COMM for op in ctx.program.ops):
             self.thread = ThreadPoolExecutor(1, "cgraph-comm", initializer=_bind_device, initargs=(self.comms,))
         ctx.end_hooks.append(self.end_execution)
@@ -94,6 +100,8 @@ class CommState:
         for future in futures:
             future.result()
         self.encoded.clear()
+        for reader in self.viewing:  # no op of this execution uses a received view any more
+            reader.release()
 
     def close(self) -> None:
         if self.thread is not None:
@@ -102,6 +110,31 @@ class CommState:
             _quietly(end.detach)
         for comm in self.comms.values():
             _quietly(comm.destroy)
+
+
+def last_link_reads(ops: tuple[Op, ...], program: CommProgram) -> set[tuple[str, str]]:
+    """The RECVs after which the lane reads nothing more from their link in an execution.
+
+    A link (group, peer) holds one viewed message at a time, so only the last
+    read of it may leave its message in place until the execution ends; a
+    later RECV from the same peer, or any later collective of the group, reads
+    it again. Under ``a: RECV1<b RECV2<b C3 COLLECTIVE4[cpu]``: none of the
+    RECVs (the collective reads every link of its group); without the
+    collective: RECV2.
+    """
+    read_later: set[tuple[str, int]] = set()
+    collective_later: set[str] = set()
+    last = set()
+    for op in reversed(ops):
+        if op.kind is OpKind.COLLECTIVE:
+            collective_later.add(program.collectives[op.node].group)
+        elif op.kind is OpKind.RECV:
+            edge = program.recvs[(op.node, op.peer)]
+            link = (edge.group, edge.peer_rank)
+            if link not in read_later and edge.group not in collective_later:
+                last.add((op.node, op.peer))
+            read_later.add(link)
+    return last
 
 
 def comm_state(ctx: Any) -> CommState:
