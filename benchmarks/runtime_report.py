@@ -196,12 +196,16 @@ def _md_latency(sec: dict[str, Any]) -> str:
         def cells(r: dict[str, Any], anchor: dict[str, Any] | None = anchor) -> list[list[str]]:
             return [[fmt(r["median_us"]), fmt(r["p99_us"]), fmt(r["per_hop_median_us"]),
                      fmt_ratio(r["p99_us"] / r["median_us"]),
-                     fmt_ratio(r["median_us"] / anchor["median_us"]) if anchor else "-"]]
+                     fmt_ratio(r["median_us"] / anchor["median_us"]) if anchor else "-",
+                     " / ".join(fmt(m) for m in r.get("round_medians_us", []))]]
 
-        rows += system_rows([f"{dag} ({entry['hops']} hops)"], entry["systems"], LABELS, 7, cells)
-    return (f"Microseconds, {sec['latency']['iterations']} executions per row after warm-up.\n\n"
+        rows += system_rows([f"{dag} ({entry['hops']} hops)"], entry["systems"], LABELS, 8, cells)
+    lat = sec["latency"]
+    rounds = lat.get("rounds", 1)
+    return (f"Microseconds. {rounds} round(s) x {lat['iterations']} executions per row after warm-up, each "
+            "round on fresh actors with the systems' order rotated; the statistics pool the rounds.\n\n"
             + markdown_table(["DAG", "system", "median us", "p99 us", "per-hop median us", "p99/median",
-                              "median vs Ray CG"], rows))
+                              "median vs Ray CG", "round medians us"], rows))
 
 
 THROUGHPUT_HEADERS = ["system", "array", "sequential median ms", "sequential p99 ms", "sequential GB/s",
@@ -264,7 +268,8 @@ def _md_floor(sec: dict[str, Any]) -> str:
                          fmt(f["min_us"]), ""])
     return (f"Two forked processes, {floor['iterations']} round trips each in {floor['batches']} batches; "
             "other work on the shared cores only adds to a wake-up, so the floor the targets use is the "
-            f"best batch median of the cheaper primitive: {floor['floor_round_trip_us']:.1f} us.\n\n"
+            "cheapest seen: the best batch median of either primitive or the median with both processes "
+            f"on one CPU: {floor['floor_round_trip_us']:.1f} us.\n\n"
             + markdown_table(["primitive", "processes pinned", "median us", "p99 us", "min us",
                               "best batch median us"], rows)
             + _placement_note(sec))
