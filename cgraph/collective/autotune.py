@@ -53,12 +53,17 @@ REPEATS = 3
 WARMUP = 1
 """Untimed rounds before the largest size (the first one grows the links' slots)."""
 FALLBACK = "ring"
+"""The choice without a calibration (bandwidth-optimal at any world size)."""
 TRIAL_MIN_BYTES = 64 << 10
 """Smaller ``auto`` calls follow the calibrated model alone (a trial costs more than it saves)."""
 TRIAL_CANDIDATES = 6
 """How many of the model's best candidates a size-class trial times (6: all of them)."""
 TRIAL_REPEATS = 3
-"""The choice without a calibration (bandwidth-optimal at any world size)."""
+"""Fewest timed rounds over the candidates in a trial (after one warm-up round)."""
+TRIAL_MAX_REPEATS = 15
+"""Most timed rounds: cheap sizes get more, since close candidates need them to separate."""
+TRIAL_BUDGET_S = 0.3
+"""Predicted time a trial's timed rounds aim at, which sets their number between the two."""
 DEFAULT_PARAMS = CostParams(alpha=2e-5, beta=2e-10, gamma=2e-10)
 """Shared parameters when the samples cannot be fitted (the ratios still calibrate)."""
 
@@ -192,8 +197,17 @@ def calibrate(transport: Transport, sizes: Sequence[int] = FIT_BYTES,
     return Calibration.of(measure(transport, sizes, repeats))
 
 
+def trial_repeats(calibration: Calibration, names: Sequence[str], nbytes: int) -> int:
+    """Timed rounds for a trial of ``names``: as many as fit ``TRIAL_BUDGET_S`` by the
+    model, within [``TRIAL_REPEATS``, ``TRIAL_MAX_REPEATS``]. Every rank holds the
+    same calibration, so every rank gets the same number."""
+    one_round = sum(calibration.predict(a, nbytes) for a in names)
+    fit = int(TRIAL_BUDGET_S / one_round) if one_round > 0 else TRIAL_MAX_REPEATS
+    return max(TRIAL_REPEATS, min(TRIAL_MAX_REPEATS, fit))
+
+
 def trial(transport: Transport, calibration: Calibration, nbytes: int,
-          keep: int = TRIAL_CANDIDATES, repeats: int = TRIAL_REPEATS) -> str:
+          keep: int = TRIAL_CANDIDATES, repeats: int | None = None) -> str:
     """Time the model's ``keep`` best candidates at ``nbytes`` itself; the fastest wins.
 
     The calibrated model is good at ranking algorithms far apart and poor at
@@ -204,6 +218,8 @@ def trial(transport: Transport, calibration: Calibration, nbytes: int,
     rank picks the same algorithm.
     """
     ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, nbytes))[:keep]
+    if repeats is None:
+        repeats = trial_repeats(calibration, ranked, nbytes)
     local = np.asarray(_median_times(transport, ranked, nbytes, repeats, 1), dtype=np.float64)
     allreduce(transport, local, ReduceOp.MAX, "ring")
     return ranked[int(np.argmin(local))]

@@ -26,3 +26,15 @@ def test_trial_agrees_across_ranks_and_picks_a_ranked_candidate(world_size: int)
     )
     assert len(set(picks)) == 1, f"ranks disagree: {picks}"
     assert picks[0] in ranked[:3]
+
+
+def test_trial_repeats_scale_with_the_predicted_cost() -> None:
+    calibration = _calibration(4)
+    names = sorted(calibration.ratios)
+    counts = [autotune.trial_repeats(calibration, names, n) for n in (1 << 10, 1 << 20, 1 << 30)]
+    assert counts[0] == autotune.TRIAL_MAX_REPEATS, "tiny messages: as many rounds as allowed"
+    assert counts[2] == autotune.TRIAL_REPEATS, "huge messages: the fewest rounds"
+    assert counts[0] >= counts[1] >= counts[2]
+    one_round = sum(calibration.predict(a, 1 << 20) for a in names)
+    assert counts[1] == max(autotune.TRIAL_REPEATS,
+                            min(autotune.TRIAL_MAX_REPEATS, int(autotune.TRIAL_BUDGET_S / one_round)))
