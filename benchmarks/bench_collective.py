@@ -56,8 +56,8 @@ def settings(quick: bool) -> dict[str, Any]:
     return {
         "sizes_elems": [MI] if quick else [MI, 4 * MI, 8 * MI],
         "world_sizes": [2, 4] if quick else list(WORLD_SIZES),
-        "repeats": 2 if quick else 7,  # rounds over all entries (interleaved)
-        "iters": 2 if quick else 5,  # back-to-back timed calls per round, after a warm-up
+        "repeats": 2 if quick else 12,  # rounds over all entries (interleaved)
+        "iters": 2 if quick else 3,  # back-to-back timed calls per round, after a warm-up
         "dtype": "float32",
     }
 
