@@ -132,6 +132,27 @@ def pack_into(payload: Payload, dest: memoryview) -> None:
         dest[off : off + buf.nbytes] = buf  # the one copy of each array
 
 
+def payload_chunks(payload: Payload) -> list[memoryview | bytes]:
+    """The bytes ``pack_into`` lays out, as pieces a stream sends in order (``sendmsg``).
+
+    ``b"".join(payload_chunks(p))`` equals the first ``p.nbytes`` bytes that
+    ``pack_into`` writes into a zeroed slot: head, entries and pickle bytes, then
+    each out-of-band buffer (a view, not a copy) after its zero padding.
+    """
+    count = len(payload.buffers)
+    head = [_HEAD.pack(len(payload.pickled), count)]
+    for buf, off, flag in zip(payload.buffers, payload.offsets, payload.flags, strict=True):
+        head.append(_ENTRY.pack(off, buf.nbytes, flag))
+    chunks: list[memoryview | bytes] = [b"".join(head), payload.pickled]
+    pos = _HEAD.size + _ENTRY.size * count + len(payload.pickled)
+    for buf, off in zip(payload.buffers, payload.offsets, strict=True):
+        if off > pos:
+            chunks.append(bytes(off - pos))
+        chunks.append(buf)
+        pos = off + buf.nbytes
+    return chunks
+
+
 def has_buffers(src: memoryview) -> bool:
     """Whether the value packed at the start of ``src`` has out-of-band buffers."""
     return bool(_HEAD.unpack_from(src, 0)[1])

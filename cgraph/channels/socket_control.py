@@ -1,0 +1,301 @@
+"""The control server of socket channels: where endpoints meet, and who closes them.
+
+It lives in the process that owns the channels (the driver): one listening
+socket and a daemon thread sleeping in ``selectors``. Each endpoint of a socket
+channel opens one control connection at ``attach`` and says hello; the server
+keeps, per channel name, those connections, the reader's data address and a
+closed flag. It never carries values. The protocol is ASCII lines::
+
+    endpoint -> server                     server -> endpoint
+    HELLO <name> r <host> <port>  reader   ADDR <host> <port>  to the writer, once the
+    HELLO <name> w                writer                       reader said hello
+    HELLO <name> o                a one-shot closer (a detached endpoint's close)
+    CLOSE                         close the channel   CLOSED  to every endpoint of a
+                                                              closed, unknown or unlinked
+                                                              channel (also on hello)
+
+The end of a control connection drops it (an endpoint detached or exited;
+the channel stays open); a line the server does not understand drops that
+connection only. ``SocketChannel.close``/``unlink`` call in from any thread;
+one lock guards the table, and every send is a non-blocking one-liner.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from cgraph._log import logger
+from cgraph.errors import ChannelClosedError
+
+_MAX_LINE = 1024
+_BACKOFF_S = 0.15  # after a failed accept (out of fds): the listener stays readable
+_LISTEN, _WAKE = object(), object()
+
+
+@dataclass(eq=False, slots=True)
+class _Conn:
+    """One control connection, as the server sees it."""
+
+    sock: socket.socket
+    buf: bytes = b""
+    name: str = ""
+    role: str = ""  # after hello: "w" writer, "r" reader, "o" a one-shot closer
+    dead: bool = False
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What the server knows of one channel."""
+
+    closed: bool = False
+    conns: list[_Conn] = field(default_factory=list)
+    reader: _Conn | None = None
+    addr: str = ""  # "host port" of the reader's listener, once it said hello
+
+
+class ControlServer:
+    """A broker and closer living in the process that owns channels (the driver).
+
+    A daemon thread tells each writer where its reader listens and relays
+    ``close`` to every endpoint. ``host`` must be an address every endpoint can
+    reach (on a cluster: this node's IP). One lock guards the channel table.
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family)
+        self._listener.setblocking(False)
+        self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, _LISTEN)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+        self._lock = threading.Lock()
+        self._channels: dict[str, _Entry] = {}
+        self._conns: set[_Conn] = set()
+        self._stopped = False
+        self._pid = os.getpid()
+        name = f"cgraph-control-{self.address[1]}"
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+        _LIVE.add(self)
+
+    @classmethod
+    def shared(cls, host: str = "127.0.0.1") -> ControlServer:
+        """This process's server on ``host``, started on first use (again after a fork)."""
+        with _shared_lock:
+            server = _shared.get(host)
+            if server is None or server._stopped or server._pid != os.getpid():
+                server = _shared[host] = cls(host)
+            return server
+
+    def close(self) -> None:
+        """Stop the thread and close every socket: every endpoint sees its channel closed."""
+        if self._pid != os.getpid():
+            self._forget()
+            return
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._wake_w.send(b"x")
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+        with self._lock:
+            self._forget()
+
+    def _forget(self) -> None:
+        """Close every socket, waking no one (also a forked child's copies)."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()  # the parent's thread may have held it at the fork
+        self._stopped = True
+        for sock in (*(c.sock for c in self._conns), self._listener, self._wake_r, self._wake_w):
+            sock.close()
+        self._conns.clear()
+        self._channels.clear()
+        self._selector.close()
+
+    # ----------------------------------------------------------------- for SocketChannel
+    def register_channel(self, name: str) -> None:
+        """Start tracking channel ``name`` (open, no endpoint yet).
+
+        Raises:
+            FileExistsError: it is tracked already. ChannelClosedError: the server is closed.
+        """
+        with self._lock:
+            if self._stopped:
+                raise ChannelClosedError(
+                    f"cannot create socket channel {name}: its control server {self.address} "
+                    "is closed; create channels on a live one (ControlServer.shared())"
+                )
+            if name in self._channels:
+                raise FileExistsError(f"socket channel {name} exists (same tag and channel id)")
+            self._channels[name] = _Entry()
+
+    def close_channel(self, name: str) -> None:
+        """Mark ``name`` closed and tell its endpoints (any thread; unknown names: no-op)."""
+        with self._lock:
+            self._close_locked(name)
+
+    def channel_closed(self, name: str) -> bool:
+        """Whether ``name`` is closed (an unknown or forgotten name counts as closed)."""
+        with self._lock:
+            entry = self._channels.get(name)
+            return entry is None or entry.closed
+
+    def forget_channel(self, name: str) -> None:
+        """Stop tracking ``name`` and close its endpoints' control connections."""
+        with self._lock:
+            entry = self._channels.pop(name, None)
+            for conn in entry.conns if entry is not None else ():
+                self._drop(conn)
+
+    # ----------------------------------------------------------------- the thread
+    def _serve(self) -> None:
+        while True:
+            try:
+                events = self._selector.select()  # sleeps in the kernel until a socket speaks
+            except (OSError, ValueError):  # closed under us
+                return
+            with self._lock:
+                if self._stopped:
+                    return
+                for key, _ in events:
+                    if key.data is _LISTEN:
+                        self._accept()
+                    elif key.data is _WAKE:
+                        self._wake_r.recv(64)
+                    elif not key.data.dead:
+                        self._serve_one(key.data)
+
+    def _serve_one(self, conn: _Conn) -> None:
+        try:
+            self._on_readable(conn)
+        except Exception:  # a bug must not stop the server: drop that connection only
+            logger.exception("socket channel control server: dropping a control connection")
+            self._drop(conn)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        except OSError as exc:  # out of fds, ...: the listener stays readable, so back off
+            logger.warning("socket channel control server cannot accept: %s", exc)
+            time.sleep(_BACKOFF_S)
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock)
+        self._conns.add(conn)
+        self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _on_readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the endpoint detached, or its process exited
+            return self._drop(conn)
+        *lines, conn.buf = (conn.buf + data).split(b"\n")
+        for line in lines:
+            if conn.dead:
+                break
+            words = line.decode("ascii", "replace").split()
+            if words == ["CLOSE"] and conn.role:
+                self._close_locked(conn.name)
+            elif not conn.role and _is_hello(words):
+                self._hello(conn, words[1], words[2], " ".join(words[3:]))
+            else:
+                self._refuse(conn, repr(line[:80]))
+        if len(conn.buf) > _MAX_LINE and not conn.dead:
+            self._refuse(conn, f"a line longer than {_MAX_LINE} bytes")
+        return None
+
+    def _refuse(self, conn: _Conn, what: str) -> None:
+        logger.warning(
+            "socket channel control server: dropped a connection that sent %s "
+            "(not a cgraph endpoint, or one of another cgraph version)", what
+        )
+        self._drop(conn)
+
+    def _hello(self, conn: _Conn, name: str, role: str, addr: str) -> None:
+        conn.name, conn.role = name, role
+        entry = self._channels.get(name)
+        if entry is None:  # unlinked, or never created here: closed for good
+            _say(conn, b"CLOSED\n")
+            return self._drop(conn)
+        entry.conns.append(conn)
+        if entry.closed:
+            _say(conn, b"CLOSED\n")
+        elif role == "r":
+            entry.reader, entry.addr = conn, addr
+            for peer in entry.conns:
+                if peer.role == "w":
+                    _say(peer, f"ADDR {addr}\n".encode())
+        elif role == "w" and entry.addr:
+            _say(conn, f"ADDR {entry.addr}\n".encode())
+        return None
+
+    def _close_locked(self, name: str) -> None:
+        entry = self._channels.get(name)
+        if entry is not None:
+            entry.closed = True
+            for conn in entry.conns:
+                _say(conn, b"CLOSED\n")
+
+    def _drop(self, conn: _Conn) -> None:
+        if conn.dead:
+            return
+        conn.dead = True
+        self._conns.discard(conn)
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        entry = self._channels.get(conn.name)
+        if entry is not None and conn in entry.conns:
+            entry.conns.remove(conn)
+            if entry.reader is conn:  # its listener is gone with it
+                entry.reader, entry.addr = None, ""
+
+
+def _say(conn: _Conn, line: bytes) -> None:
+    try:
+        conn.sock.send(line)
+    except OSError:
+        pass  # gone: the end of its stream drops it
+
+
+def _is_hello(words: list[str]) -> bool:
+    """``HELLO name w``, ``HELLO name o`` (a one-shot closer) or ``HELLO name r host port``."""
+    if len(words) == 3:
+        return words[0] == "HELLO" and words[2] in ("w", "o")
+    return len(words) == 5 and words[0] == "HELLO" and words[2] == "r" and words[4].isdigit()
+
+
+_LIVE: weakref.WeakSet[ControlServer] = weakref.WeakSet()
+_shared: dict[str, ControlServer] = {}
+_shared_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """Close the child's copies of the servers' sockets; ``shared`` starts new ones."""
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    _shared.clear()
+    for server in list(_LIVE):
+        server._forget()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

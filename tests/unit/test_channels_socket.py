@@ -1,0 +1,600 @@
+"""Socket channel across plain processes (no Ray): fork children and threads on loopback.
+
+Each test has its own ``ControlServer`` unless it is about the shared one. Every
+wait has a timeout, so a bug fails a test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from cgraph.channels import ControlServer, SocketChannel, SocketHandle, SocketReader, SocketWriter
+from cgraph.channels.serialization import dumps, pack_into, payload_chunks
+from cgraph.errors import ChannelClosedError, ChannelTimeoutError
+
+torch = pytest.importorskip("torch")
+
+FORK = mp.get_context("fork")
+BIG = 8 << 20  # float64 elements: 64 MiB
+
+
+@pytest.fixture
+def server():
+    server = ControlServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def tag():
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+def run(target, *args):
+    out = FORK.Queue()
+    proc = FORK.Process(target=_report, args=(out, target, *args), daemon=True)
+    proc.start()
+    return proc, out
+
+
+def finish(proc, out, timeout=20):
+    try:
+        status, value = out.get(timeout=timeout)
+    finally:
+        proc.join(timeout if proc.is_alive() else None)
+        if proc.is_alive():
+            proc.kill()
+    assert status == "ok", value
+    return value
+
+
+def _report(out, target, *args):
+    try:
+        out.put(("ok", target(*args)))
+    except BaseException as exc:  # the parent asserts on it
+        out.put(("err", f"{type(exc).__name__}: {exc}"))
+
+
+def assert_same(got, want):
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    elif isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for k in want:
+            assert_same(got[k], want[k])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert_same(a, b)
+    elif isinstance(want, BaseException):
+        assert got.args == want.args
+    else:
+        assert got == want
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return predicate()
+
+
+def fd_count():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def detach_all(*endpoints):
+    for endpoint in endpoints:
+        endpoint.detach()
+
+
+# --------------------------------------------------------------------------- children
+def _echo(in_handle, out_handle, count):
+    reader, writer = in_handle.attach(), out_handle.attach()
+    for _ in range(count):
+        writer.write(reader.read(timeout=20), timeout=20)
+    detach_all(reader, writer)
+    return count
+
+
+def _read_n(handle, count, delay=0.0):
+    time.sleep(delay)
+    reader = handle.attach()
+    values = [reader.read(timeout=20) for _ in range(count)]
+    reader.detach()
+    return [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
+
+
+def _write_n(handle, values, delay=0.0):
+    time.sleep(delay)
+    writer = handle.attach()
+    for value in values:
+        writer.write(value, timeout=20)
+    writer.detach()
+    return len(values)
+
+
+def _write_counting(handle, count, progress):
+    writer = handle.attach()
+    for i in range(count):
+        writer.write(i, timeout=20)
+        progress.value = i + 1
+    writer.detach()
+    return count
+
+
+def _block_then_report(handle, mode):
+    endpoint = handle.attach()
+    start = time.monotonic()
+    try:
+        if mode == "reader":
+            endpoint.read()
+        elif mode == "writer":
+            for i in range(3):  # max_inflight=1 and nobody reads: the second write blocks
+                endpoint.write(i)
+        else:  # mid-value: the reader never reads, the kernel buffers fill
+            endpoint.write(np.ones(BIG))
+        outcome = "returned"
+    except ChannelClosedError:
+        outcome = "closed"
+    endpoint.detach()
+    return outcome, time.monotonic() - start
+
+
+def _read_one_and_die(handle):
+    reader = handle.attach()
+    reader.read(timeout=20)
+    os._exit(0)
+
+
+def _write_and_die(handle, values, mid_value):
+    writer = handle.attach()
+    if mid_value:  # die while the main thread is inside one big write
+        threading.Timer(0.3, os._exit, (0,)).start()
+    for value in values:
+        writer.write(value, timeout=20)
+    os._exit(0)
+
+
+def _attach_and_die(handle):
+    handle.attach()
+    os._exit(0)
+
+
+def _shared_server_in_child(tag):
+    server = ControlServer.shared()
+    with SocketChannel.create(server, tag, "child") as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer.write("in the child")
+        got = reader.read(timeout=10)
+        detach_all(writer, reader)
+    return server.address, got
+
+
+# --------------------------------------------------------------------------- tests
+CHUNK_VALUES = [
+    0, "text", b"", {"k": [1, 2]}, np.zeros(0), np.arange(3, dtype="u1"),
+    [np.arange(5.0), np.ones((3, 3), dtype="f4"), np.arange(7, dtype="i2")],
+    {"t": torch.arange(10, dtype=torch.bfloat16), "u": torch.randn(3, 4).T},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", CHUNK_VALUES, ids=range(len(CHUNK_VALUES)))
+def test_payload_chunks_are_what_pack_into_writes(value):
+    payload = dumps(value)
+    slot = bytearray(payload.nbytes)
+    pack_into(payload, memoryview(slot))
+    chunks = payload_chunks(payload)
+    assert b"".join(bytes(c) for c in chunks) == slot
+    assert sum(memoryview(c).nbytes for c in chunks) == payload.nbytes
+    assert all(any(c is buf for c in chunks) for buf in payload.buffers)  # views, not copies
+
+
+def round_trip_values():
+    return [
+        b"", 0, 7, "text", None, {"a": [1, (2, "x")]}, KeyError("missing"),
+        np.zeros(0), np.array(7.0), np.arange(20.0)[::3], np.arange(12, dtype="u2").reshape(3, 4).T,
+        torch.empty(0), torch.tensor(2), torch.randn(3, 4).T, torch.arange(10, dtype=torch.bfloat16),
+        {"x": np.ones((3, 3)), "t": torch.arange(6.0).reshape(2, 3)[:, ::2], "n": [np.arange(4)]},
+        np.arange(BIG, dtype=np.float64),
+    ]  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_values_round_trip_exactly_across_a_fork(server, tag):
+    values = round_trip_values()
+    there = SocketChannel.create(server, tag, "there", max_inflight=2)
+    back = SocketChannel.create(server, tag, "back", max_inflight=2)
+    proc, out = run(_echo, there.reader_handle(), back.writer_handle(), len(values))
+    writer, reader = there.writer_handle().attach(), back.reader_handle().attach()
+    for value in values:
+        writer.write(value, timeout=20)
+        assert_same(reader.read(timeout=20), value)
+    assert finish(proc, out) == len(values)
+    detach_all(writer, reader)
+
+
+def test_values_read_are_private_and_writable(server, tag):
+    with SocketChannel.create(server, tag, "private") as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        a, t = np.arange(4.0), torch.arange(4.0)
+        writer.write({"a": a, "t": t})
+        got = reader.read(timeout=5, copy=False)
+        reader.release()  # frees nothing: the value stays valid
+        got["a"][0] = 9.0
+        got["t"].add_(1)
+        assert a[0] == 0.0 and t[0] == 0.0
+        assert got["a"].flags.writeable and got["t"].tolist() == [1.0, 2.0, 3.0, 4.0]
+        detach_all(writer, reader)
+
+
+def test_a_thousand_values_arrive_in_order(server, tag):
+    values = [np.full(3, i) if i % 10 == 0 else i for i in range(1000)]
+    with SocketChannel.create(server, tag, "order", max_inflight=4) as ch:
+        proc, out = run(_write_n, ch.writer_handle(), values)
+        got = _read_n(ch.reader_handle(), len(values))
+        assert got == [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
+        assert finish(proc, out) == 1000
+
+
+def test_writer_runs_max_inflight_ahead_then_blocks_until_a_read(server, tag):
+    with SocketChannel.create(server, tag, "pipe", max_inflight=3) as ch:
+        progress = FORK.Value("i", 0)
+        proc, out = run(_write_counting, ch.writer_handle(), 6, progress)
+        reader = ch.reader_handle().attach()
+        assert wait_for(lambda: progress.value >= 3)
+        time.sleep(0.3)
+        assert progress.value == 3  # three values unread: the fourth write waits for a credit
+        assert reader.read(timeout=5) == 0
+        assert wait_for(lambda: progress.value >= 4)
+        time.sleep(0.3)
+        assert progress.value == 4
+        assert [reader.read(timeout=10) for _ in range(5)] == [1, 2, 3, 4, 5]
+        assert finish(proc, out) == 6
+        reader.detach()
+
+
+def test_read_timeout_then_the_value_still_arrives(server, tag):
+    with SocketChannel.create(server, tag, "rt") as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        start = time.monotonic()
+        with pytest.raises(ChannelTimeoutError, match="not written yet"):
+            reader.read(timeout=0.05)  # no connection yet
+        assert time.monotonic() - start < 1.0
+        writer.write("a")
+        assert reader.read(timeout=5) == "a"
+        for timeout in (0.05, 0):  # connected, nothing sent
+            with pytest.raises(ChannelTimeoutError, match="no value has arrived"):
+                reader.read(timeout=timeout)
+        writer.write("b")
+        assert reader.read(timeout=5) == "b"
+        detach_all(writer, reader)
+
+
+def test_write_timeout_when_out_of_credits_leaves_the_channel_consistent(server, tag):
+    with SocketChannel.create(server, tag, "wt", max_inflight=2) as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer.write("a")
+        writer.write("b")
+        start = time.monotonic()
+        with pytest.raises(ChannelTimeoutError, match="last 2 values"):
+            writer.write("c", timeout=0.05)
+        assert time.monotonic() - start < 1.0
+        assert reader.read(timeout=5) == "a"
+        writer.write("c", timeout=5)
+        with pytest.raises(ChannelTimeoutError):
+            writer.write("d", timeout=0)
+        assert [reader.read(timeout=5) for _ in range(2)] == ["b", "c"]
+        writer.write("d", timeout=5)
+        assert reader.read(timeout=5) == "d"
+        detach_all(writer, reader)
+
+
+def test_write_times_out_while_the_reader_has_not_attached(server, tag):
+    with SocketChannel.create(server, tag, "late") as ch:
+        writer = ch.writer_handle().attach()
+        with pytest.raises(ChannelTimeoutError, match="reader has not attached"):
+            writer.write("a", timeout=0.1)
+        reader = ch.reader_handle().attach()
+        writer.write("a", timeout=5)
+        assert reader.read(timeout=5) == "a"
+        detach_all(writer, reader)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["reader", "writer", "writer-mid-value"])
+def test_owner_close_wakes_a_blocked_endpoint_in_another_process(server, tag, mode):
+    with SocketChannel.create(server, tag, mode, max_inflight=1) as ch:
+        handle = ch.reader_handle() if mode == "reader" else ch.writer_handle()
+        idle_reader = None if mode == "reader" else ch.reader_handle().attach()  # never reads
+        proc, out = run(_block_then_report, handle, mode)
+        time.sleep(1.0)  # let it block
+        closed_at = time.monotonic()
+        ch.close()
+        outcome, _ = finish(proc, out)
+        assert outcome == "closed"
+        assert time.monotonic() - closed_at < 2.0
+        if idle_reader is not None:
+            with pytest.raises(ChannelClosedError):
+                idle_reader.read(timeout=1)
+            idle_reader.detach()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("closer", ["reader", "writer"])
+def test_closing_one_endpoint_wakes_the_other(server, tag, closer):
+    with SocketChannel.create(server, tag, closer, max_inflight=1) as ch:
+        mine = (ch.reader_handle() if closer == "reader" else ch.writer_handle()).attach()
+        theirs = ch.writer_handle() if closer == "reader" else ch.reader_handle()
+        proc, out = run(_block_then_report, theirs, "writer" if closer == "reader" else "reader")
+        time.sleep(0.5)
+        closed_at = time.monotonic()
+        mine.close()
+        outcome, _ = finish(proc, out)
+        assert outcome == "closed" and time.monotonic() - closed_at < 2.0
+        assert ch.closed
+        with pytest.raises(ChannelClosedError):
+            mine.read() if closer == "reader" else mine.write(1)
+        mine.detach()
+
+
+def test_attaching_after_close_or_unlink_fails_on_first_use(server, tag):
+    ch = SocketChannel.create(server, tag, "closed")
+    ch.close()
+    gone = SocketChannel.create(server, tag, "gone")
+    gone.close()
+    gone.unlink()
+    never = SocketHandle("cgraph_1_never_made", server.address, 1)
+    for handle in (ch.writer_handle(), gone.writer_handle(), never):
+        writer = handle.attach()
+        with pytest.raises(ChannelClosedError, match="closed"):
+            writer.write(1, timeout=5)
+        writer.detach()
+    for handle in (ch.reader_handle(), gone.reader_handle()):
+        reader = handle.attach()
+        with pytest.raises(ChannelClosedError, match="closed"):
+            reader.read(timeout=5)
+        reader.detach()
+    ch.unlink()
+    server.close()
+    with pytest.raises(ChannelClosedError, match="cannot reach its control server"):
+        ch.writer_handle().attach()
+
+
+@pytest.mark.timeout(30)
+def test_reader_dying_wakes_a_writer_waiting_for_credit(server, tag):
+    with SocketChannel.create(server, tag, "rdie", max_inflight=1) as ch:
+        proc = FORK.Process(target=_read_one_and_die, args=(ch.reader_handle(),), daemon=True)
+        proc.start()
+        writer = ch.writer_handle().attach()
+        with pytest.raises(ChannelClosedError, match="reader's connection ended"):
+            for i in range(10):
+                writer.write(i, timeout=10)  # a timeout here would mean a hang
+        proc.join(10)
+        writer.detach()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mid_value", [False, True], ids=["between-values", "mid-value"])
+def test_writer_dying_ends_the_stream_for_the_reader(server, tag, mid_value):
+    values = [np.ones(BIG)] if mid_value else [1, 2]
+    with SocketChannel.create(server, tag, "wdie", max_inflight=4) as ch:
+        args = (ch.writer_handle(), values, mid_value)
+        proc = FORK.Process(target=_write_and_die, args=args, daemon=True)
+        reader = ch.reader_handle().attach()
+        proc.start()
+        if mid_value:
+            proc.join(10)  # dead, with part of the value in flight
+        else:
+            assert [reader.read(timeout=10) for _ in values] == values
+        with pytest.raises(ChannelClosedError, match="writer's connection ended"):
+            reader.read(timeout=10)
+        proc.join(10)
+        reader.detach()
+
+
+@pytest.mark.parametrize("first", ["reader", "writer"])
+def test_either_endpoint_may_attach_first_without_waiting(server, tag, first):
+    with SocketChannel.create(server, tag, first, max_inflight=2) as ch:
+        start = time.monotonic()
+        if first == "reader":
+            mine = ch.reader_handle().attach()
+            assert time.monotonic() - start < 1.0
+            proc, out = run(_write_n, ch.writer_handle(), ["a", "b", "c"], 0.3)
+            assert [mine.read(timeout=10) for _ in range(3)] == ["a", "b", "c"]
+        else:
+            mine = ch.writer_handle().attach()
+            assert time.monotonic() - start < 1.0
+            proc, out = run(_read_n, ch.reader_handle(), 3, 0.3)
+            for value in ("a", "b", "c"):
+                mine.write(value, timeout=10)
+        finish(proc, out)
+        mine.detach()
+
+
+def test_attach_and_detach_leak_no_file_descriptor():
+    server = ControlServer()
+    before = fd_count()
+    for i in range(20):
+        ch = SocketChannel.create(server, "leak", str(i))
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer.write(i)
+        assert reader.read(timeout=5) == i
+        detach_all(writer, reader)
+        unused = ch.reader_handle().attach()  # attached, never used
+        unused.detach()
+        ch.close()
+        ch.unlink()
+    late = ch.writer_handle().attach()  # attaches to an unlinked channel
+    late.detach()
+    assert wait_for(lambda: fd_count() <= before, timeout=3), (before, fd_count())
+    server.close()
+
+
+@pytest.mark.timeout(30)
+def test_shared_server_survives_idle_channels_dead_endpoints_and_garbage(tag):
+    server = ControlServer.shared()
+    assert ControlServer.shared() is server
+    idle = SocketChannel.create(server, tag, "idle")  # no endpoint ever attaches
+    assert not idle.closed
+    idle.close()
+    assert idle.closed
+    assert idle.unlink() == []
+    with socket.create_connection(server.address, timeout=5) as stranger:
+        stranger.sendall(b"GET / HTTP/1.0\n")
+        assert stranger.recv(100) == b""  # dropped
+    with SocketChannel.create(server, tag, "dead") as dead:
+        proc = FORK.Process(target=_attach_and_die, args=(dead.writer_handle(),), daemon=True)
+        proc.start()
+        proc.join(10)
+    with SocketChannel.create(server, tag, "alive") as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer.write("still serving")
+        assert reader.read(timeout=5) == "still serving"
+        detach_all(writer, reader)
+    assert server._thread.is_alive()
+
+
+def test_shared_server_is_recreated_in_a_forked_child(tag):
+    server = ControlServer.shared()
+    proc, out = run(_shared_server_in_child, tag)
+    address, got = finish(proc, out)
+    assert got == "in the child"
+    assert tuple(address) != server.address
+    assert ControlServer.shared() is server
+
+
+def test_a_forked_child_does_not_keep_this_process_sockets(server, tag):
+    with SocketChannel.create(server, tag, "fork") as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer.write(1)
+        assert reader.read(timeout=5) == 1
+        child = FORK.Process(target=time.sleep, args=(5,), daemon=True)
+        child.start()  # inherits copies of both data sockets, closes them at once
+        try:
+            writer.detach()  # the stream ends though the child is still alive
+            with pytest.raises(ChannelClosedError, match="writer's connection ended"):
+                reader.read(timeout=2)
+        finally:
+            child.kill()
+            child.join(5)
+        reader.detach()
+
+
+def test_handles_and_endpoints_pickle(server, tag):
+    with SocketChannel.create(server, tag, "pickle", max_inflight=3) as ch:
+        assert ch.handle.name.startswith(f"cgraph_{os.getpid()}_{tag}_pickle")
+        handle = pickle.loads(pickle.dumps(ch.reader_handle()))
+        assert handle == ch.reader_handle() and handle.reader and handle.max_inflight == 3
+        reader = handle.attach()
+        first = ch.writer_handle().attach()
+        writer = pickle.loads(pickle.dumps(first))  # an endpoint pickles as its handle
+        first.detach()  # never wrote: the copy is the channel's one writer
+        assert isinstance(writer, SocketWriter) and isinstance(reader, SocketReader)
+        writer.write("pickled")
+        assert reader.read(timeout=5) == "pickled"
+        detach_all(writer, reader)
+
+
+def test_bad_arguments_are_refused(server, tag):
+    ch = SocketChannel.create(server, tag, "args")
+    with pytest.raises(IndexError):
+        ch.reader_handle(1)
+    with pytest.raises(FileExistsError):
+        SocketChannel.create(server, tag, "args")
+    with pytest.raises(ValueError, match="max_inflight"):
+        SocketChannel.create(server, tag, "zero", max_inflight=0)
+    ch.unlink()
+
+
+def _fails_to_rebuild():
+    raise RuntimeError("cannot rebuild on this side")
+
+
+class _BadOnRead:
+    def __reduce__(self):
+        return (_fails_to_rebuild, ())
+
+
+def test_errors_in_values_do_not_wedge_the_channel(server, tag):
+    with SocketChannel.create(server, tag, "bad", max_inflight=1) as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        with pytest.raises(TypeError):
+            writer.write(threading.Lock())  # unpicklable: nothing sent, no credit spent
+        writer.write(_BadOnRead(), timeout=1)
+        with pytest.raises(RuntimeError, match="cannot rebuild"):
+            reader.read(timeout=5)  # the credit went back anyway
+        writer.write(ValueError("an error value"), timeout=1)
+        assert isinstance(reader.read(timeout=5), ValueError)
+        detach_all(writer, reader)
+
+
+@pytest.mark.timeout(30)
+def test_values_written_before_the_writer_detaches_still_arrive(server, tag):
+    with SocketChannel.create(server, tag, "drain", max_inflight=4) as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer.write("a")
+        writer.write("b")
+        assert reader.read(timeout=5) == "a"  # its credit waits, unread, at the writer
+
+        def finish_and_detach():  # the last value is still in flight when it detaches
+            writer.write("c", timeout=5)
+            writer.write(np.ones(BIG // 8), timeout=5)
+            writer.detach()
+
+        thread = threading.Thread(target=finish_and_detach, daemon=True)
+        thread.start()
+        time.sleep(0.3)
+        assert reader.read(timeout=5) == "b" and reader.read(timeout=5) == "c"
+        assert reader.read(timeout=5).sum() == BIG // 8
+        thread.join(10)
+        with pytest.raises(ChannelClosedError, match="writer's connection ended"):
+            reader.read(timeout=5)
+        reader.detach()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def test_a_write_interrupted_half_way_ends_the_stream(server, tag):
+    with SocketChannel.create(server, tag, "sigint") as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        previous = signal.signal(signal.SIGALRM, _interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(KeyboardInterrupt):
+                writer.write(np.ones(BIG))  # nobody reads yet: it blocks half-way
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        with pytest.raises(ChannelClosedError, match="half-way"):
+            writer.write(1)
+        with pytest.raises(ChannelClosedError, match="writer's connection ended"):
+            reader.read(timeout=5)  # part of the value, then the end of the stream
+        detach_all(writer, reader)
+
+
+def test_detached_endpoint_refuses_use_and_can_still_close(server, tag):
+    with SocketChannel.create(server, tag, "detached") as ch:
+        reader = ch.reader_handle().attach()
+        reader.detach()
+        with pytest.raises(ChannelClosedError, match="detached"):
+            reader.read()
+        assert not ch.closed
+        reader.close()  # through a one-shot control connection
+        assert wait_for(lambda: ch.closed, timeout=5)
