@@ -7,8 +7,9 @@
 A *group* is one communicator: every actor that sends or receives through a
 transport joins that transport's group, ranked in the graph's actor order; a
 collective whose members differ gets a group of its own. The driver makes
-what each kind of group needs (``GROUP_KINDS``), plus one shared-memory side
-channel per COMM channel, and ships each actor a ``CommProgram`` in
+what each kind of group needs (``GROUP_KINDS``), plus one side channel per COMM
+channel (shared memory on the driver's node, a socket when an end lives on
+another node; likewise the watchers' flags), and ships each actor a ``CommProgram`` in
 ``ActorProgram.extra["comm"]``; the actor opens its communicators on its first
 communicator op (``comm_ops``).
 
@@ -19,7 +20,9 @@ communicator op (``comm_ops``).
     custom    the user's object, checked, pickled    obj.initialize(rank, n, id)  watcher thread
 
 "nccl" groups become "cuda_ipc" when every member sits on one GPU of one node
-(fractional ``num_gpus``), where NCCL cannot run. ``CommResources`` joins the
+(fractional ``num_gpus``), where NCCL cannot run. "cpu" and "cuda_ipc" links are
+the driver's shared memory, so their members must live on the driver's node.
+``CommResources`` joins the
 graph's channel resources: ``close()`` (teardown, or the monitor after a
 death) closes every link, side channel and watcher flag, which wakes or aborts
 every rank; ``unlink()`` removes the segments and drops the stores.
@@ -32,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cgraph.channels.communicator import Communicator, missing_methods
-from cgraph.channels.shm_channel import ShmChannel, ShmHandle
+from cgraph.channels.shm_channel import ShmChannel
 from cgraph.errors import CompileError, TransportError
 from cgraph.ir import Graph, NodeKind, Ref, TensorHint
+from cgraph.runtime.endpoints import node_channel
 from cgraph.runtime.options import CompileOptions
 
 SIDE_BUFFER = 4096
@@ -50,7 +54,7 @@ class GroupEndpoint:
     rank: int
     world_size: int
     payload: Any  # kind-specific: link ends, a rendezvous, the user's object
-    control: ShmHandle | None = None  # closed by the driver to abort a watched group
+    control: Any = None  # a reader handle the driver closes to abort a watched group (shm or socket)
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class EdgeEndpoint:
     peer: str
     peer_rank: int
     group: str
-    side: ShmHandle  # the side channel's writer (sender) or reader (receiver) handle
+    side: Any  # the side channel's writer (sender) or reader (receiver) handle (shm or socket)
     hint: TensorHint | None
     method: str  # the producing method, for errors
 
@@ -91,7 +95,7 @@ class CommProgram:
 class CommResources:
     """Everything the driver made for a graph's communicators."""
 
-    channels: list[ShmChannel] = field(default_factory=list)
+    channels: list[Any] = field(default_factory=list)  # ShmChannel or SocketChannel
     keep_alive: list[Any] = field(default_factory=list)  # TCPStores serving rendezvous
     programs: dict[str, CommProgram] = field(default_factory=dict)
 
@@ -311,11 +315,13 @@ def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOpti
     if not groups:
         return res
     try:
+        hosts = {a.id: a.host for a in graph.actors}
         for group in groups.values():
             _resolve_kind(group, front.communicators, front.handles)
+            _check_local(group, hosts)
         programs: dict[str, CommProgram] = {}
         for group in groups.values():
-            for actor, endpoint in _make_group(res, tag, group).items():
+            for actor, endpoint in _make_group(res, tag, group, hosts).items():
                 _program_of(programs, actor).groups[group.name] = endpoint
         for spec in planned.plan.channels:
             if spec.kind.name == "COMM":
@@ -342,18 +348,33 @@ def _program_of(programs: dict[str, CommProgram], actor: str) -> CommProgram:
     return programs[actor]
 
 
-def _make_group(res: CommResources, tag: str, group: _Group) -> dict[str, GroupEndpoint]:
+def _check_local(group: _Group, hosts: Mapping[str, str]) -> None:
+    """The CPU communicator's links and CUDA IPC's are the driver's shared memory."""
+    remote = [f"{m}@{hosts[m]}" for m in group.members if hosts[m]]
+    if group.kind in ("cpu", "cuda_ipc") and remote:
+        raise TransportError(
+            f"the {group.kind} communicator of actors {', '.join(group.members)} joins actors on the "
+            f"driver's node, but {', '.join(remote)} live on another node; give the actors GPUs "
+            "(NCCL crosses nodes), pass a communicator object that does, or place them on this node"
+        )
+
+
+def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str, str]) -> dict[str, GroupEndpoint]:
     kind, n = GROUP_KINDS[group.kind], len(group.members)
     payloads = kind.make(res, tag, group.name, n, group.obj)
-    control = None
-    if kind.watch:
-        control = ShmChannel.create(tag, f"{group.name}.abort", num_readers=n, max_inflight=1, buffer_size=64)
-        res.channels.append(control)
+    controls: list[Any] = [None] * n
+    if kind.watch and not any(hosts[m] for m in group.members):
+        shared = ShmChannel.create(tag, f"{group.name}.abort", num_readers=n, max_inflight=1, buffer_size=64)
+        res.channels.append(shared)
+        controls = [shared.reader_handle(rank) for rank in range(n)]
+    elif kind.watch:  # members on other nodes: one channel each, closed at teardown
+        for rank, member in enumerate(group.members):
+            channel = node_channel(tag, f"{group.name}.abort{rank}", ("", hosts[member]),
+                                   max_inflight=1, buffer_size=64)
+            res.channels.append(channel)
+            controls[rank] = channel.reader_handle(0)
     return {
-        actor: GroupEndpoint(
-            f"{tag}/{group.name}", group.kind, rank, n, payloads[rank],
-            control.reader_handle(rank) if control is not None else None,
-        )
+        actor: GroupEndpoint(f"{tag}/{group.name}", group.kind, rank, n, payloads[rank], controls[rank])
         for rank, actor in enumerate(group.members)
     }
 
@@ -362,12 +383,11 @@ def _add_edge(
     res: CommResources, programs: dict[str, CommProgram], graph: Graph, group: _Group,
     spec: Any, tag: str, options: CompileOptions,
 ) -> None:
-    side = ShmChannel.create(
-        tag, f"{spec.id}.side", num_readers=1,
-        max_inflight=options.max_inflight_executions, buffer_size=SIDE_BUFFER,
-    )
-    res.channels.append(side)
     (reader,) = spec.readers
+    hosts = (graph.actor(spec.writer).host, graph.actor(reader).host)
+    side = node_channel(tag, f"{spec.id}.side", hosts,
+                        max_inflight=options.max_inflight_executions, buffer_size=SIDE_BUFFER)
+    res.channels.append(side)
     method = _method_of(graph, spec.node)
     rank = group.members.index
     _program_of(programs, spec.writer).sends[(spec.node, reader)] = EdgeEndpoint(

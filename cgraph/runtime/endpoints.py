@@ -78,7 +78,48 @@ class _CommResource:
         pass
 
 
-_RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResource}
+class _SocketResource:
+    """A CROSS_NODE channel: a TCP connection, set up through the driver's control server."""
+
+    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+        self.readers = tuple(spec.readers)  # one: the planner makes one per reader
+        self.channel = socket_channel(tag, spec.id, options.max_inflight_executions)
+
+    def writer_handle(self) -> Any:
+        return self.channel.writer_handle()
+
+    def reader_handle(self, reader: str) -> Any:
+        return self.channel.reader_handle(self.readers.index(reader))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def unlink(self) -> None:
+        self.channel.unlink()
+
+
+def socket_channel(tag: str, channel_id: str, max_inflight: int) -> Any:
+    """A one-reader TCP channel whose endpoints find each other through this driver."""
+    import ray
+
+    from cgraph.channels.socket_channel import ControlServer, SocketChannel
+
+    server = ControlServer.shared(ray.util.get_node_ip_address())
+    return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight)
+
+
+def node_channel(tag: str, channel_id: str, hosts: tuple[str, str], *, max_inflight: int,
+                 buffer_size: int) -> Any:
+    """A one-reader channel from ``hosts[0]`` to ``hosts[1]`` ("" = the driver's node):
+    shared memory when both are the driver's node, else a socket."""
+    if any(hosts):
+        return socket_channel(tag, channel_id, max_inflight)
+    return ShmChannel.create(tag, channel_id, num_readers=1, max_inflight=max_inflight,
+                             buffer_size=buffer_size)
+
+
+_RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResource,
+              "CROSS_NODE": _SocketResource}
 
 
 def create_channel(spec: Any, *, tag: str, options: CompileOptions) -> Any:

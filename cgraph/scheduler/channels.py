@@ -19,8 +19,10 @@ Per (value v held by h, reader actor c), the first rule that fits:
 - ``c == h``: one INTRA channel (a queue inside the actor);
 - a communicator hint (``nccl``, ``custom:<name>``, or ``auto`` between two
   GPU actors) and neither side is the driver: one COMM channel per reader;
-- different hosts: one CROSS_NODE channel per reader;
-- otherwise every remaining same-host reader shares ONE SHM channel.
+- either side off the driver's node (different hosts, or two actors of another
+  node: the driver makes every shared-memory segment, on its own node): one
+  CROSS_NODE channel (a TCP connection) per reader;
+- otherwise every remaining reader (all on the driver's node) shares ONE SHM channel.
 """
 
 from __future__ import annotations
@@ -288,7 +290,9 @@ def _choose(
             raise _no_gpu_error(graph, values, value, reader)
         if transport is not None and transport.startswith("custom:"):
             return ChannelKind.COMM, transport
-    if _host(graph, holder) != _host(graph, reader):
+    if _host(graph, holder) or _host(graph, reader):
+        # the driver makes every shared-memory segment, on its own node: an edge that
+        # leaves that node, or runs between two actors of another node, takes a socket
         return ChannelKind.CROSS_NODE, "xnode"
     return ChannelKind.SHM, "shm"
 

@@ -84,6 +84,29 @@ def test_nccl_across_hosts_stays_on_the_communicator() -> None:
     assert lines[2] == "n2>driver.xnode = xnode b -> driver via xnode"
 
 
+def test_shared_memory_only_on_the_drivers_node() -> None:
+    """Two actors of another node talk over sockets: the driver makes every segment, locally."""
+    graph = parse_graph(
+        """
+        actor a = W(gpus=0)
+        actor b = W(gpus=0, host=node2)
+        actor c = W(gpus=0, host=node2)
+        n0 = input
+        n1 = a.f(n0)
+        n2 = b.g(n1)
+        n3 = c.h(n2, n1)
+        return n3
+        """
+    )
+    assert format_channels(plan_channels(graph)).splitlines() == [
+        "n0.shm = shm driver -> a via shm",
+        "n1>b.xnode = xnode a -> b via xnode",
+        "n1>c.xnode = xnode a -> c via xnode",
+        "n2>c.xnode = xnode b -> c via xnode",
+        "n3>driver.xnode = xnode c -> driver via xnode",
+    ]
+
+
 def test_items_inherit_the_hint_of_their_call() -> None:
     graph = parse_graph(
         """

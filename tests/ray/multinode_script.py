@@ -1,0 +1,122 @@
+"""Run by test_multinode.py in its own process: a 2-node Ray cluster on this machine.
+
+Each check prints one JSON line; the test asserts on them. Actors on the second
+node are reached over cross-node (socket) channels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import ray
+from ray.cluster_utils import Cluster
+from ray.dag import InputNode, MultiOutputNode
+
+import cgraph
+
+
+def report(name: str, **values: object) -> None:
+    print(json.dumps({"check": name, **values}), flush=True)
+
+
+@ray.remote(num_cpus=0)
+class Node:
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def where(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def inc(self, x):
+        return x + 1
+
+    def scale(self, arr, k):
+        return arr * k
+
+    def fail_on(self, x, bad):
+        if x == bad:
+            raise ValueError(f"{self.label} refuses {x}")
+        return x
+
+
+def main() -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "resources": {"head": 10}, "include_dashboard": False})
+    cluster.add_node(num_cpus=2, resources={"node2": 10})
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        run_checks()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def run_checks() -> None:
+    on_head = Node.options(resources={"head": 1})
+    on_two = Node.options(resources={"node2": 1})
+    a, b, c = on_head.remote("a"), on_two.remote("b"), on_two.remote("c")
+    nodes = ray.get([a.where.remote(), b.where.remote(), c.where.remote()])
+    report("placement", head=nodes[0], b=nodes[1], c=nodes[2])
+
+    # driver -> b (node2) -> a (head) -> driver, and b -> c on node2
+    with InputNode() as inp:
+        dag = a.inc.bind(b.inc.bind(inp))
+    plan = cgraph.plan(dag)  # no locations: the planner sees one node
+    compiled = cgraph.compile(dag)
+    kinds = sorted({spec.kind.name for spec in compiled.planned.plan.channels})
+    got = [compiled.execute(i).get(timeout=60) for i in range(200)]
+    report("chain", kinds=kinds, ok=got == [i + 2 for i in range(200)], planned=str(plan.plan),
+           channels=str(compiled.planned.plan).splitlines())
+    compiled.teardown()
+
+    with InputNode() as inp:
+        x = b.scale.bind(inp, 3)
+        dag = MultiOutputNode([c.scale.bind(x, 2), a.scale.bind(x, 1)])
+    compiled = cgraph.compile(dag, max_inflight_executions=4)
+    arr = np.arange(1 << 20, dtype=np.float64)  # 8 MiB through every socket
+    refs = [compiled.execute(arr + i) for i in range(4)]
+    outs = [r.get(timeout=120) for r in reversed(refs)][::-1]
+    ok = all(np.array_equal(o[0], (arr + i) * 6) and np.array_equal(o[1], (arr + i) * 3)
+             for i, o in enumerate(outs))
+    report("arrays", ok=bool(ok), writable=bool(outs[0][0].flags.writeable))
+    compiled.teardown()
+
+    with InputNode() as inp:
+        dag = a.inc.bind(c.fail_on.bind(b.inc.bind(inp), bad=5))
+    compiled = cgraph.compile(dag)
+    first = compiled.execute(1).get(timeout=60)
+    try:
+        compiled.execute(4).get(timeout=60)
+        error = None
+    except ValueError as exc:
+        error = (type(exc).__name__, isinstance(exc, cgraph.TaskError), "c refuses 5" in str(exc))
+    after = compiled.execute(7).get(timeout=60)
+    compiled.teardown()
+    report("errors", first=first, error=error, after=after,
+           usable=ray.get([b.inc.remote(1), c.inc.remote(1)], timeout=60))
+
+    with InputNode() as inp:
+        dag = a.inc.bind(c.inc.bind(b.inc.bind(inp)))
+    compiled = cgraph.compile(dag)
+    compiled.execute(1).get(timeout=60)
+    ray.kill(c)  # returns at once; c dies soon after
+    start, died = time.monotonic(), None
+    while died is None and time.monotonic() - start < 60:
+        try:
+            compiled.execute(2).get(timeout=60)
+        except cgraph.ActorDiedError as exc:
+            died = str(exc)
+        except Exception as exc:  # noqa: BLE001 - reported, the test says what was expected
+            died = f"wrong type {type(exc).__name__}: {exc}"
+    report("death", error=died, seconds=time.monotonic() - start)
+    compiled.teardown()
+    report("teardown", survivors=ray.get([a.inc.remote(1), b.inc.remote(1)], timeout=60),
+           segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
