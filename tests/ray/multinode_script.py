@@ -99,6 +99,16 @@ def run_checks() -> None:
     report("errors", first=first, error=error, after=after,
            usable=ray.get([b.inc.remote(1), c.inc.remote(1)], timeout=60))
 
+    with InputNode() as inp:  # the CPU communicator's links live in the driver's shm
+        dag = c.inc.bind(b.inc.bind(inp).with_tensor_transport("nccl"))
+    try:
+        cgraph.compile(dag, default_communicator="cpu")
+        refused = None
+    except cgraph.TransportError as exc:
+        refused = str(exc)
+    report("cpu_communicator_off_node", refused=refused,
+           free=ray.get([b.inc.remote(1), c.inc.remote(1)], timeout=60))
+
     with InputNode() as inp:
         dag = a.inc.bind(c.inc.bind(b.inc.bind(inp)))
     compiled = cgraph.compile(dag)

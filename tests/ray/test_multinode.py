@@ -60,6 +60,12 @@ def test_user_errors_cross_nodes_and_the_graph_survives(checks):
     assert errors["usable"] == [2, 2], "after teardown the actors answer ordinary calls"
 
 
+def test_cpu_communicator_off_the_drivers_node_is_refused(checks):
+    entry = checks["cpu_communicator_off_node"]
+    assert entry["refused"] is not None and "another node" in entry["refused"], entry
+    assert entry["free"] == [2, 2], "a refused compile leaves the actors usable"
+
+
 def test_actor_death_on_the_other_node_is_reported(checks):
     death = checks["death"]
     assert death["error"] is not None, "the graph kept answering after an actor died"
