@@ -296,6 +296,7 @@ def ray_session(num_cpus: int = 4, **kwargs: Any) -> Iterator[Any]:
     import ray
 
     options: dict[str, Any] = {
+        "address": "local",  # a new instance even if /tmp/ray names a stale one (RAY_ADDRESS wins)
         "num_cpus": num_cpus,
         "include_dashboard": False,
         "log_to_driver": False,

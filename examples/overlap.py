@@ -112,13 +112,13 @@ def main() -> None:
     if gpus:
         size, dtype, iters = args.size or 10_000, torch.float16, args.iters or 5
         side = args.matmul_side
-        ray.init(num_cpus=NUM_SENDERS + 2, num_gpus=gpus if gpus > NUM_SENDERS else 1, include_dashboard=False)
+        ray.init(address="local", num_cpus=NUM_SENDERS + 2, num_gpus=gpus if gpus > NUM_SENDERS else 1, include_dashboard=False)
     else:
         # balanced on 2 CPU cores: ~16 MiB per transfer against a 768^3 matmul
         # (benchmarks/bench_overlap.py measures both alone)
         size, dtype, iters = args.size or 2048, torch.float32, args.iters or 20
         side = args.matmul_side or 768
-        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+        ray.init(address="local", num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     where = f"{gpus} GPU(s)" if gpus else "CPU (CPU communicator)"
     block = f", matmul of the leading {side}x{side} block" if side else ""
     print(f"{NUM_SENDERS} senders -> 1 receiver, {size}x{size} {str(dtype).replace('torch.', '')} on {where}{block}")

@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64, help="vector length / model width")
     args = parser.parse_args()
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         stages = (Preprocess.remote(), Model.remote(args.size), Postprocess.remote())
         rng = np.random.default_rng(1)

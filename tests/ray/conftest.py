@@ -14,6 +14,7 @@ ray = pytest.importorskip("ray")
 def ray_session():
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     ray.init(
+        address="local",  # never a stale cluster named in /tmp/ray/ray_current_cluster
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=True,

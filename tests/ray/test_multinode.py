@@ -21,8 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def checks():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=ROOT)
+    try:
+        done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
+                              timeout=240, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        pytest.fail(f"the 2-node script hung for 240 s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-6000:]}")
     found = {}
     for line in done.stdout.splitlines():
         if line.startswith('{"check"'):
