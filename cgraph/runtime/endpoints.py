@@ -16,16 +16,11 @@ from cgraph.errors import CompileError
 from cgraph.runtime.options import CompileOptions
 
 
-class _ShmResource:
-    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
-        self.readers = tuple(spec.readers)
-        self.channel = ShmChannel.create(
-            tag,
-            spec.id,
-            num_readers=len(self.readers),
-            max_inflight=options.max_inflight_executions,
-            buffer_size=options.buffer_size_bytes,
-        )
+class _ChannelResource:
+    """A channel the driver made (``self.channel``), read by ``self.readers`` in order."""
+
+    readers: tuple[str, ...]
+    channel: Any
 
     def writer_handle(self) -> Any:
         return self.channel.writer_handle()
@@ -38,6 +33,18 @@ class _ShmResource:
 
     def unlink(self) -> None:
         self.channel.unlink()
+
+
+class _ShmResource(_ChannelResource):
+    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+        self.readers = tuple(spec.readers)
+        self.channel = ShmChannel.create(
+            tag,
+            spec.id,
+            num_readers=len(self.readers),
+            max_inflight=options.max_inflight_executions,
+            buffer_size=options.buffer_size_bytes,
+        )
 
 
 class _IntraResource:
@@ -78,24 +85,12 @@ class _CommResource:
         pass
 
 
-class _SocketResource:
+class _SocketResource(_ChannelResource):
     """A CROSS_NODE channel: a TCP connection, set up through the driver's control server."""
 
     def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
         self.readers = tuple(spec.readers)  # one: the planner makes one per reader
         self.channel = socket_channel(tag, spec.id, options.max_inflight_executions)
-
-    def writer_handle(self) -> Any:
-        return self.channel.writer_handle()
-
-    def reader_handle(self, reader: str) -> Any:
-        return self.channel.reader_handle(self.readers.index(reader))
-
-    def close(self) -> None:
-        self.channel.close()
-
-    def unlink(self) -> None:
-        self.channel.unlink()
 
 
 def socket_channel(tag: str, channel_id: str, max_inflight: int) -> Any:

@@ -20,8 +20,8 @@ from cgraph.channels import ShmChannel, ShmHandle, cleanup_stale_segments, segme
 from cgraph.channels.segments import SHM_DIR
 from cgraph.channels.shm_channel import POLL_S
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
+from tests.unit.child_process import FORK, finish, run
 
-FORK = mp.get_context("fork")
 SPAWN = mp.get_context("spawn")
 
 
@@ -50,29 +50,10 @@ def mapping_of(address):
     return None
 
 
-def run(ctx, target, *args):
-    out = ctx.Queue()
-    proc = ctx.Process(target=_report, args=(out, target, *args), daemon=True)
-    proc.start()
-    return proc, out
 
 
-def finish(proc, out, timeout=20):
-    try:
-        status, value = out.get(timeout=timeout)
-    finally:
-        proc.join(timeout if proc.is_alive() else None)
-        if proc.is_alive():
-            proc.kill()
-    assert status == "ok", value
-    return value
 
 
-def _report(out, target, *args):
-    try:
-        out.put(("ok", target(*args)))
-    except BaseException as exc:  # the parent asserts on it
-        out.put(("err", f"{type(exc).__name__}: {exc}"))
 
 
 # --------------------------------------------------------------------------- children
@@ -191,7 +172,7 @@ def test_grow_once_then_reuse_and_old_views_stay_valid(tag):
 def test_one_writer_three_readers_across_processes(tag):
     count = 60
     with ShmChannel.create(tag, "fan", num_readers=3, max_inflight=2, buffer_size=4096) as ch:
-        children = [run(FORK, _read_all, ch.reader_handle(i), count) for i in range(3)]
+        children = [run(_read_all, ch.reader_handle(i), count) for i in range(3)]
         writer = ch.writer_handle().attach()
         expected = []
         for i in range(count):
@@ -205,7 +186,7 @@ def test_one_writer_three_readers_across_processes(tag):
 def test_writer_runs_ahead_max_inflight_then_blocks_until_release(tag):
     with ShmChannel.create(tag, "pipe", max_inflight=3) as ch:
         progress = FORK.Value("i", 0)
-        proc, out = run(FORK, _write_counting, ch.writer_handle(), 6, progress)
+        proc, out = run(_write_counting, ch.writer_handle(), 6, progress)
         reader = ch.reader_handle(0).attach()
         deadline = time.monotonic() + 10
         while progress.value < 3 and time.monotonic() < deadline:
@@ -225,7 +206,7 @@ def test_writer_runs_ahead_max_inflight_then_blocks_until_release(tag):
 def test_close_wakes_a_blocked_peer_in_another_process(tag, role):
     with ShmChannel.create(tag, f"close-{role}", max_inflight=1) as ch:
         handle = ch.reader_handle(0) if role == "reader" else ch.writer_handle()
-        proc, out = run(FORK, _block_then_report, handle)
+        proc, out = run(_block_then_report, handle)
         time.sleep(0.5)  # let it block
         closed_at = time.monotonic()
         ch.close()
@@ -236,7 +217,7 @@ def test_close_wakes_a_blocked_peer_in_another_process(tag, role):
 
 def test_a_lost_wakeup_is_caught_by_the_periodic_recheck(tag):
     with ShmChannel.create(tag, "poll") as ch:
-        proc, out = run(FORK, _block_then_report, ch.reader_handle(0))
+        proc, out = run(_block_then_report, ch.reader_handle(0))
         time.sleep(0.3)
         ch._control.words[4] = 1  # set `closed` without posting (simulates a lost post)
         outcome, _ = finish(proc, out)
@@ -301,7 +282,7 @@ def test_handles_and_endpoints_pickle_into_a_fresh_interpreter(tag):
     with ShmChannel.create(tag, "spawn", max_inflight=2) as ch:
         handle = pickle.loads(pickle.dumps(ch.reader_handle(0)))
         assert isinstance(handle, ShmHandle) and handle.reader == 0
-        proc, out = run(SPAWN, _read_all, handle, 3)
+        proc, out = run(_read_all, handle, 3, ctx=SPAWN)
         writer = pickle.loads(pickle.dumps(ch.writer_handle().attach()))
         for value in (np.arange(4.0), 5, np.ones((100, 100))):
             writer.write(value, timeout=20)
@@ -310,7 +291,7 @@ def test_handles_and_endpoints_pickle_into_a_fresh_interpreter(tag):
 
 def test_unlink_removes_generations_grown_by_another_process(tag):
     ch = ShmChannel.create(tag, "gens", max_inflight=2, buffer_size=4096)
-    proc, out = run(FORK, _grow_in_child, ch.writer_handle())
+    proc, out = run(_grow_in_child, ch.writer_handle())
     assert _read_all(ch.reader_handle(0), 4) == [10.0, 100_000.0, 1_000_000.0, 10.0]
     finish(proc, out)
     assert len(segments(tag)) == 3  # control + the current generation of each slot

@@ -6,7 +6,6 @@ wait has a timeout, so a bug fails a test instead of hanging it.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -21,10 +20,10 @@ import pytest
 from cgraph.channels import ControlServer, SocketChannel, SocketHandle, SocketReader, SocketWriter
 from cgraph.channels.serialization import dumps, pack_into, payload_chunks
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
+from tests.unit.child_process import FORK, finish, run
 
 torch = pytest.importorskip("torch")
 
-FORK = mp.get_context("fork")
 BIG = 8 << 20  # float64 elements: 64 MiB
 
 
@@ -40,29 +39,10 @@ def tag():
     return f"t{uuid.uuid4().hex[:10]}"
 
 
-def run(target, *args):
-    out = FORK.Queue()
-    proc = FORK.Process(target=_report, args=(out, target, *args), daemon=True)
-    proc.start()
-    return proc, out
 
 
-def finish(proc, out, timeout=20):
-    try:
-        status, value = out.get(timeout=timeout)
-    finally:
-        proc.join(timeout if proc.is_alive() else None)
-        if proc.is_alive():
-            proc.kill()
-    assert status == "ok", value
-    return value
 
 
-def _report(out, target, *args):
-    try:
-        out.put(("ok", target(*args)))
-    except BaseException as exc:  # the parent asserts on it
-        out.put(("err", f"{type(exc).__name__}: {exc}"))
 
 
 def assert_same(got, want):

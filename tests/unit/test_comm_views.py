@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from cgraph.channels.communicator import Communicator, view_receiver
+from cgraph.channels.communicator import view_receiver
 from cgraph.channels.cpu_communicator import CpuCommunicator, create_links
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.ir import TensorHint
@@ -32,6 +32,7 @@ from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, encode
 from cgraph.runtime.comm_ops import last_link_reads
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.scheduler import parse_schedule
+from tests.unit.test_comm_cpu import StarOnly  # send and recv only: no recv_view
 from tests.unit.test_comm_ops import Harness, normalise
 
 
@@ -126,20 +127,6 @@ def test_a_view_of_the_wrong_size_is_refused_and_frees_the_slot() -> None:
         lease.release()
 
 
-class SendRecvOnly(Communicator):
-    """A user communicator without ``recv_view``: the runtime must copy."""
-
-    def __init__(self, inner: CpuCommunicator) -> None:
-        self.inner = inner
-
-    rank = property(lambda self: self.inner.rank)  # type: ignore[assignment]
-    world_size = property(lambda self: self.inner.world_size)  # type: ignore[assignment]
-
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        self.inner.send(tensor, dst)
-
-    def recv(self, tensor: torch.Tensor, src: int) -> None:
-        self.inner.recv(tensor, src)
 
 
 VALUES = [
@@ -154,7 +141,7 @@ def test_edge_reader_views_only_the_last_tensor_and_releases_it(how: str) -> Non
         channels.append(side)
         hint = TensorHint("nccl")
         writer = EdgeWriter(a, 1, side.writer_handle().attach(), hint, "n1")
-        recv_comm = b if how != "no capability" else SendRecvOnly(b)
+        recv_comm = b if how != "no capability" else StarOnly(b)
         reader = EdgeReader(recv_comm, 0, side.reader_handle(0).attach(), hint, "n1", view_last=how != "copy")
         assert (reader.viewer is not None) == (how == "view")
 
