@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def checks():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # a fresh process's environment: this session's ray.init set RAY_AUTH_MODE and the like
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONBREAKPOINT"}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     try:
         done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
                               timeout=240, env=env, cwd=ROOT)
