@@ -13,16 +13,20 @@ through the server::
                  ════ credits: one byte per value received ════▶
 
 A frame is the value's size (u64), then exactly the slot layout of
-``serialization``, sent with ``sendmsg`` from the value's own buffers; the
-reader receives it whole into a private ``bytearray`` (arrays writable), so
-``release()`` frees nothing and ``read(copy=...)`` changes nothing.
+``serialization``, sent with ``sendmsg`` from the value's own buffers. A
+receiving thread in the reader takes every frame in whole, into a private
+``bytearray``, as soon as it comes (arrays writable, so ``release()`` frees
+nothing and ``read(copy=...)`` changes nothing): a writer in the middle of a
+value larger than the socket buffers never waits for the reader's *user*, so
+values move as through shared-memory slots, and a cycle of such edges cannot
+deadlock.
 
 Attach never waits for the peer (actors attach in any order): the writer
 connects on its first ``write``, once the server sent ``ADDR``; the reader
 accepts on its first ``read`` (the connection already waits in its backlog).
 The writer starts with ``max_inflight`` credits and spends one per value; the
-reader gives one back as soon as a value has arrived whole, so the writer runs
-at most ``max_inflight`` values ahead.
+reader gives one back when a value is read, so the writer runs at most
+``max_inflight`` values ahead and the receiving thread holds at most that many.
 
 Every wait is a ``poll`` on the awaited socket and the control socket, at most
 ``POLL_S`` at a time, re-checking the closed state. ``CLOSED``, or the end of the
@@ -36,12 +40,14 @@ peer still sees the stream end when the process that owns them exits.
 
 from __future__ import annotations
 
+import collections
 import errno
 import math
 import os
 import select
 import socket
 import struct
+import threading
 import time
 import weakref
 from dataclasses import dataclass, replace
@@ -359,23 +365,30 @@ class SocketReader(_Endpoint, ChannelReader):
         except BaseException:
             self._forget()
             raise
+        self._arrived: collections.deque[bytearray] = collections.deque()
+        self._arrival = threading.Condition()
+        self._ended: BaseException | None = None  # how the writer's stream ended
+        self._pump: threading.Thread | None = None
 
     def read(self, timeout: float | None = None, copy: bool = False) -> Any:
         """The next value, received whole into private memory (``copy`` changes nothing)."""
-        if self._midframe or self._poll_control():
-            raise self._closed_error()
+        if self._pump is None:
+            if self._midframe or self._poll_control():
+                raise self._closed_error()
+            self._pump = threading.Thread(target=self._receive, daemon=True,
+                                          name=f"cgraph-recv-{self._handle.name}")
+            self._pump.start()
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self._data is None:
-            self._accept(deadline, timeout)
-        header = bytearray(_FRAME.size)
-        try:
-            if not self._recv_into(memoryview(header), deadline):
-                raise self._timeout(timeout, "no value has arrived")
-            body = bytearray(_FRAME.unpack(header)[0])
-            self._recv_into(memoryview(body), None)  # it started: read it whole
-        except _EndOfStream as exc:
-            raise self._closed_error(exc) from None
-        self._midframe = False
+        with self._arrival:
+            while not self._arrived or self._closed or self._detached:
+                if self._closed or self._detached or self._ended is not None:
+                    raise self._closed_error(self._ended if not self._closed else None)
+                wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+                if wait <= 0:
+                    why = "no value has arrived" if self._data else "its writer has not written yet"
+                    raise self._timeout(timeout, why)
+                self._arrival.wait(wait)
+            body = self._arrived.popleft()
         try:
             self._data.send(b"\x01", socket.MSG_NOSIGNAL)  # type: ignore[union-attr]
         except OSError:
@@ -383,7 +396,33 @@ class SocketReader(_Endpoint, ChannelReader):
         return loads(memoryview(body), writable=True)
 
     def release(self) -> None:
-        """Nothing to give back: the credit went back when the value arrived."""
+        """Nothing to give back: the credit went back when the value was read."""
+
+    def _receive(self) -> None:
+        """The receiving thread: takes in every value as it comes, so that a writer in the
+        middle of a large value never waits on this end's reader (it would, through full
+        socket buffers, and two such edges in a cycle would deadlock); the writer's
+        credits keep at most ``max_inflight`` values here."""
+        try:
+            self._accept(None, None)
+            while True:
+                header = bytearray(_FRAME.size)
+                self._recv_into(memoryview(header), None)
+                body = bytearray(_FRAME.unpack(header)[0])
+                self._recv_into(memoryview(body), None)
+                self._midframe = False
+                with self._arrival:
+                    self._arrived.append(body)
+                    self._arrival.notify()
+        except ChannelClosedError:
+            pass  # CLOSED, or detached: the flags say so
+        except _EndOfStream as exc:  # the values before it are still read
+            self._ended = exc
+        except Exception as exc:  # noqa: BLE001 - reported to the reading thread
+            self._ended = exc
+        finally:
+            with self._arrival:
+                self._arrival.notify_all()
 
     def _accept(self, deadline: float | None, timeout: float | None) -> None:
         """Take the writer's data connection (waiting in the backlog since its first write)."""

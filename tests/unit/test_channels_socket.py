@@ -578,3 +578,31 @@ def test_detached_endpoint_refuses_use_and_can_still_close(server, tag):
         assert not ch.closed
         reader.close()  # through a one-shot control connection
         assert wait_for(lambda: ch.closed, timeout=5)
+
+
+def _double_each(inp: SocketHandle, out: SocketHandle, count: int) -> int:
+    reader, writer = inp.attach(), out.attach()
+    for _ in range(count):
+        writer.write(reader.read() * 2)  # before reading the next value
+    writer.detach()
+    reader.detach()
+    return count
+
+
+@pytest.mark.timeout(60)
+def test_large_values_around_a_cycle_do_not_deadlock(server, tag):
+    """Each end writes values far larger than socket buffers before it reads: the writes
+    complete as the other end's receiving thread takes values in (as into shm slots)."""
+    big = np.arange(2 << 20, dtype=np.float32)  # 8 MiB
+    with SocketChannel.create(server, tag, "there", max_inflight=4) as there, \
+            SocketChannel.create(server, tag, "back", max_inflight=4) as back:
+        proc, out = run(_double_each, there.reader_handle(), back.writer_handle(), 4)
+        writer, reader = there.writer_handle().attach(), back.reader_handle().attach()
+        for i in range(4):
+            writer.write(big + i, timeout=30)
+        got = [reader.read(timeout=30) for _ in range(4)]
+        assert finish(proc, out) == 4
+        for i, value in enumerate(got):
+            assert np.array_equal(value, (big + i) * 2)
+        writer.detach()
+        reader.detach()
