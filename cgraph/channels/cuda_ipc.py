@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from cgraph.channels.communicator import Communicator
+from cgraph.channels.communicator import GpuCommunicator
 from cgraph.channels.cpu_communicator import LinkEnds, create_links
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.errors import ChannelClosedError
@@ -51,7 +51,7 @@ def create_ipc_links(tag: str, name: str, world_size: int) -> tuple[list[ShmChan
     return data_channels + ack_channels, list(zip(data, acks, strict=True))
 
 
-class CudaIpcCommunicator(Communicator):
+class CudaIpcCommunicator(GpuCommunicator):
     """One rank of a group of actors on one GPU (see the module docstring).
 
     Raises:
@@ -73,22 +73,6 @@ class CudaIpcCommunicator(Communicator):
         self._ack_inp = _attach(acks.inp)
         self._lock = threading.Lock()
         self._closed = False
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._size
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def stream(self) -> Any:
-        return self._stream
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         import torch

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from cgraph.channels.communicator import Communicator, as_reduce_op, split_chunks
+from cgraph.channels.communicator import GpuCommunicator, as_reduce_op, split_chunks
 from cgraph.collective.types import ReduceOp
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class NcclRendezvous:
         return cls(host, store.port, prefix), store
 
 
-class NcclCommunicator(Communicator):
+class NcclCommunicator(GpuCommunicator):
     """One rank of a NCCL group (see the module docstring).
 
     Raises:
@@ -87,22 +87,6 @@ class NcclCommunicator(Communicator):
         self._rank, self._size = rank, world_size
         self._lock = threading.Lock()
         self._done = False
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._size
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def stream(self) -> Any:
-        return self._stream
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         self._run(lambda: self._pg.send([tensor], dst, 0))
