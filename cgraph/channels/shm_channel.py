@@ -42,6 +42,12 @@ them at most that long. A timeout gives back the tokens it took and raises
 ``ChannelTimeoutError``; the channel stays consistent. The owner's ``unlink()``
 removes every segment of the channel; ``cleanup_stale_segments()`` removes those
 whose creator process is dead.
+
+C fast path. When the extension is built (``FASTPATH``), ``attach()`` opens the
+subclasses in shm_fast.py: small plain values take one C call per write / read
+/ release, everything else runs the code below. Both speak this protocol and
+keep the endpoint's sequence numbers in the shared words, so they interoperate.
+``CGRAPH_PURE_PYTHON=1`` turns the C path off.
 """
 
 from __future__ import annotations
@@ -61,10 +67,11 @@ from cgraph.channels.segments import (
     unlink_channel,
     unlink_quietly,
 )
-from cgraph.channels.semaphore import Semaphore
+from cgraph.channels.semaphore import Semaphore, fastpath
 from cgraph.channels.serialization import dumps, has_buffers, loads, pack_into
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
+FASTPATH = fastpath is not None  # endpoints run their hot path in C (_fastpath.c)
 POLL_S = 0.15
 DEFAULT_BUFFER_SIZE = 1 << 20
 _POLL_NS = int(POLL_S * 1e9)
@@ -89,7 +96,11 @@ class ShmHandle:
     reader: int = -1
 
     def attach(self) -> ShmWriter | ShmReader:
-        """Open this endpoint in the calling process."""
+        """Open this endpoint in the calling process (with the C fast path if ``FASTPATH``)."""
+        if FASTPATH:
+            from cgraph.channels.shm_fast import FastShmReader, FastShmWriter  # builds on this
+
+            return FastShmWriter(self) if self.reader < 0 else FastShmReader(self)
         return ShmWriter(self) if self.reader < 0 else ShmReader(self)
 
 
@@ -167,7 +178,6 @@ class ShmWriter(ChannelWriter):
         self._control = control = _Control.open(handle)
         self._words = control.words
         self._slots = _SlotMaps(handle, control)
-        self._seq = control.words[_W_WSEQ]
         self._detached = False
 
     def write(self, value: Any, timeout: float | None = None) -> None:
@@ -179,7 +189,8 @@ class ShmWriter(ChannelWriter):
             if sem.try_acquire_fast() != 0:
                 self._wait_free(i, timeout)
                 break
-        seq, slot = self._seq, self._seq % self._handle.max_inflight
+        seq = words[_W_WSEQ]  # in the shared words: the C path counts there too
+        slot = seq % self._handle.max_inflight
         try:
             pack_into(payload, self._slots.writable(slot, payload.nbytes))
         except BaseException:
@@ -187,7 +198,7 @@ class ShmWriter(ChannelWriter):
             raise
         at = _W_SLOTS + _SLOT_WORDS * slot
         words[at + 2], words[at + 3] = payload.nbytes, seq
-        self._seq = words[_W_WSEQ] = seq + 1
+        words[_W_WSEQ] = seq + 1
         for sem in control.ready:
             sem.post_fast()
 
@@ -228,7 +239,6 @@ class ShmReader(ChannelReader):
         self._words = control.words
         self._slots = _SlotMaps(handle, control)
         self._word = _reader_word(handle.max_inflight, handle.reader)
-        self._seq = control.words[self._word]
         self._ready = control.ready[handle.reader]
         self._free = control.free[handle.reader]
         self._holding = False
@@ -251,10 +261,14 @@ class ShmReader(ChannelReader):
                 raise _wait_failed(self._handle, control, "read from", timeout)
         if words[_W_CLOSED]:
             raise _closed(self._handle, "read from")
-        seq = self._seq
-        self._seq = words[self._word] = seq + 1
+        seq = words[self._word]  # in the shared words: the C path counts there too
+        words[self._word] = seq + 1
         self._holding = True
-        slot = seq % self._handle.max_inflight
+        return self._decode(seq % self._handle.max_inflight, copy)
+
+    def _decode(self, slot: int, copy: bool) -> Any:
+        """The value in ``slot``, which this reader holds; released on error, or when copied."""
+        words = self._words
         try:
             view = self._slots.readable(slot)
             if copy:
@@ -344,13 +358,14 @@ class _SlotMaps:
         self._handle = handle
         self._words = control.words
         n = handle.max_inflight
-        self._gens = [0] * n
-        self._views: list[memoryview | None] = [None] * n
+        # Read by the C fast path too (it holds these very lists): mutate, never rebind.
+        self.gens = [0] * n
+        self.views: list[memoryview | None] = [None] * n
 
     def readable(self, slot: int) -> memoryview:
         at = _W_SLOTS + _SLOT_WORDS * slot
-        gen, view = self._words[at], self._views[slot]
-        if view is None or self._gens[slot] != gen:
+        gen, view = self._words[at], self.views[slot]
+        if view is None or self.gens[slot] != gen:
             mm = open_segment(f"{self._handle.name}_{gen}", self._words[at + 1])
             view = self._map(slot, gen, mm)
         return view
@@ -371,11 +386,11 @@ class _SlotMaps:
     def _map(self, slot: int, gen: int, mm: mmap.mmap) -> memoryview:
         # The old view is dropped, never closed: arrays may still point into it.
         view = memoryview(mm)
-        self._gens[slot], self._views[slot] = gen, view
+        self.gens[slot], self.views[slot] = gen, view
         return view
 
     def drop(self) -> None:
-        self._views = [None] * len(self._views)
+        self.views[:] = [None] * len(self.views)
 
 
 def _round_up(n: int, to: int) -> int:
