@@ -19,8 +19,9 @@ Two levels, as NCCL's tuner keeps a latency and a bandwidth per algorithm::
     choose(n)     = argmin over candidates        per call, no messages
 
 Then, the first "auto" call of each power-of-two size class (from 64 KiB) times
-every candidate at that very size (``trial``), and keeps the
-fastest for the class: the model ranks, a measurement settles close calls.
+the model's close candidates at that very size (``trial``), and keeps the
+fastest for the class: the model ranks, a measurement settles close calls, and
+overruling the model's own pick takes a second, head-to-head measurement.
 
 The ratio carries what the shared parameters cannot: on a host where ranks
 share few cores, algorithms that keep fewer ranks busy at once (star, chain)
@@ -58,6 +59,12 @@ TRIAL_MIN_BYTES = 64 << 10
 """Smaller ``auto`` calls follow the calibrated model alone (a trial costs more than it saves)."""
 TRIAL_CANDIDATES = 6
 """How many of the model's best candidates a size-class trial times (6: all of them)."""
+TRIAL_WINDOW = 1.5
+"""A trial times only the candidates the calibrated model puts within this factor of its best."""
+OVERRULE = 0.97
+"""In the head-to-head, the challenger's mean time ratio to the model's pick must be below this."""
+RATIO_CLIP = 3.0
+"""A trial counts one call as at most this many times its round's fastest."""
 TRIAL_REPEATS = 3
 """Fewest timed rounds over the candidates in a trial (after one warm-up round)."""
 TRIAL_MAX_REPEATS = 15
@@ -174,19 +181,29 @@ def measure(
 
 def _median_times(transport: Transport, names: Sequence[str], nbytes: int, repeats: int,
                   warmup: int) -> list[float]:
-    """Each algorithm's median time at ``nbytes``, in rounds over all of them, so that a
-    burst of load from elsewhere on the host hits every algorithm alike."""
+    """Each algorithm's median time at ``nbytes`` on this rank (see ``_round_times``)."""
+    times = _round_times(transport, names, nbytes, repeats, warmup)
+    return [float(v) for v in np.median(times, axis=0)]
+
+
+def _round_times(transport: Transport, names: Sequence[str], nbytes: int, repeats: int,
+                 warmup: int) -> np.ndarray:
+    """This rank's time of every algorithm in each timed round: shape (rounds, names).
+
+    The algorithms run in rounds over all of them, from a fresh copy of the input
+    each time, so that a burst of load from elsewhere on the host hits every
+    algorithm of a round alike."""
     source = np.random.default_rng(transport.rank).random(max(1, nbytes // 4), dtype=np.float32)
     buf = np.empty_like(source)
-    times: list[list[float]] = [[] for _ in names]
-    for _ in range(warmup + max(1, repeats)):
+    times = np.empty((warmup + max(1, repeats), len(names)), dtype=np.float64)
+    for r in range(times.shape[0]):
         for i, name in enumerate(names):
             np.copyto(buf, source)
             barrier(transport)
             start = time.perf_counter()
             allreduce(transport, buf, ReduceOp.SUM, name)
-            times[i].append(time.perf_counter() - start)
-    return [float(np.median(t[warmup:])) for t in times]
+            times[r, i] = time.perf_counter() - start
+    return times[warmup:]
 
 
 def calibrate(transport: Transport, sizes: Sequence[int] = FIT_BYTES,
@@ -213,16 +230,58 @@ def trial(transport: Transport, calibration: Calibration, nbytes: int,
     The calibrated model is good at ranking algorithms far apart and poor at
     separating close ones on a crowded host (it interpolates between the fitted
     sizes), so the first ``auto`` call of each power-of-two size class settles
-    it by measurement. Every rank calls this with the same ``nbytes`` (they all
-    make the same collective call); the slowest rank's times decide, so every
+    it by measurement:
+
+    1. the candidates the model puts within ``TRIAL_WINDOW`` of its best run in
+       rounds; each round's times are divided by that round's fastest (a burst of
+       load slows a whole round, not one algorithm), and the lowest mean ratio
+       wins;
+    2. when that winner is not the model's own pick, the two meet again head to
+       head over ``2 * repeats`` rounds, and the challenger must be faster by
+       ``1 - OVERRULE`` in the mean of their per-round ratio: overruling the
+       model takes two measurements, since one short trial on a shared host can
+       be wrong by 25% and more.
+
+    Every rank calls this with the same ``nbytes`` (they all make the same
+    collective call); the slowest rank's time in each round decides, so every
     rank picks the same algorithm.
     """
-    ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, nbytes))[:keep]
+    ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, nbytes))
+    best_pred = calibration.predict(ranked[0], nbytes)
+    ranked = [a for a in ranked if calibration.predict(a, nbytes) <= TRIAL_WINDOW * best_pred]
+    ranked = ranked[:keep]
     if repeats is None:
         repeats = trial_repeats(calibration, ranked, nbytes)
-    local = np.asarray(_median_times(transport, ranked, nbytes, repeats, 1), dtype=np.float64)
-    allreduce(transport, local, ReduceOp.MAX, "ring")
-    return ranked[int(np.argmin(local))]
+    winner = ranked[_paired_best(_slowest_rank_times(transport, ranked, nbytes, repeats, 1))]
+    if winner == ranked[0]:
+        return winner
+    pair = [ranked[0], winner]
+    times = _slowest_rank_times(transport, pair, nbytes, 2 * repeats, 0)
+    return winner if float(_mean_ratio(times[:, 1] / times[:, 0])) < OVERRULE else ranked[0]
+
+
+def _slowest_rank_times(transport: Transport, names: Sequence[str], nbytes: int,
+                        repeats: int, warmup: int) -> np.ndarray:
+    """``_round_times`` with each entry the largest over the ranks (same on every rank)."""
+    times = np.ascontiguousarray(_round_times(transport, names, nbytes, repeats, warmup))
+    allreduce(transport, times, ReduceOp.MAX, "ring")
+    return times
+
+
+def _paired_best(times: np.ndarray) -> int:
+    """The column with the lowest mean of time / the fastest time of its round
+    (ties: the first, i.e. the model's order).
+
+    The mean, not the median: some algorithms are bimodal on a shared host (a
+    sequential chain is fast while the ranks' cores are free, slow while another
+    process holds one), and the mean is what their users pay over many calls;
+    ratios are clipped at ``RATIO_CLIP`` so one stalled call cannot decide alone.
+    """
+    return int(np.argmin(_mean_ratio(times / np.maximum(times.min(axis=1, keepdims=True), 1e-12))))
+
+
+def _mean_ratio(ratios: np.ndarray) -> np.ndarray:
+    return np.asarray(np.mean(np.minimum(ratios, RATIO_CLIP), axis=0))
 
 
 def _ms(seconds: float) -> str:
