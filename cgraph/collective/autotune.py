@@ -32,6 +32,7 @@ smaller messages. ``explain`` prints both columns.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cgraph._log import logger
 from cgraph.collective import cost_model
 from cgraph.collective.algorithms import allreduce, barrier
 from cgraph.collective.cost_model import CostParams, Sample
@@ -252,12 +254,22 @@ def trial(transport: Transport, calibration: Calibration, nbytes: int,
     ranked = ranked[:keep]
     if repeats is None:
         repeats = trial_repeats(calibration, ranked, nbytes)
-    winner = ranked[_paired_best(_slowest_rank_times(transport, ranked, nbytes, repeats, 1))]
+    times = _slowest_rank_times(transport, ranked, nbytes, repeats, 1)
+    winner = ranked[_paired_best(times)]
+    _debug("trial", nbytes, ranked, _mean_ratio(times / times.min(axis=1, keepdims=True)))
     if winner == ranked[0]:
         return winner
     pair = [ranked[0], winner]
     times = _slowest_rank_times(transport, pair, nbytes, 2 * repeats, 0)
-    return winner if float(_mean_ratio(times[:, 1] / times[:, 0])) < OVERRULE else ranked[0]
+    challenger = float(_mean_ratio(times[:, 1] / times[:, 0]))
+    _debug("head to head", nbytes, pair, [1.0, challenger])
+    return winner if challenger < OVERRULE else ranked[0]
+
+
+def _debug(what: str, nbytes: int, names: Sequence[str], ratios: Sequence[float]) -> None:
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("auto %s at %s: %s", what, _size(nbytes),
+                     ", ".join(f"{n} {r:.2f}" for n, r in zip(names, ratios, strict=True)))
 
 
 def _slowest_rank_times(transport: Transport, names: Sequence[str], nbytes: int,
