@@ -134,6 +134,19 @@ def test_pure_python_env_turns_the_c_path_off():
     assert out.stdout.split() == ["False", "None"]
 
 
+@needs_c
+def test_the_channel_suite_passes_on_the_pure_python_path_too():
+    # Where the extension cannot be built, users run the Python path: keep it tested.
+    suite = os.path.join(os.path.dirname(__file__), "test_channels_shm.py")
+    env = {**os.environ, "CGRAPH_PURE_PYTHON": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", suite],
+        env=env, capture_output=True, text=True, timeout=240, cwd=os.path.dirname(suite),
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and " failed" not in out.stdout
+
+
 # --------------------------------------------------------------------------- same results
 def _round_trip(tag, name, value, writer_kind):
     """Write ``value`` with a fast or pure writer; read it with a fast and a pure reader."""
