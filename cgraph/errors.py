@@ -98,8 +98,11 @@ class GraphTornDownError(RuntimeGraphError):
     """The compiled graph was torn down (explicitly, or after a fatal failure)."""
 
 
-class ExecuteArgumentError(CGraphError, TypeError):
-    """``execute()`` was called with arguments the DAG cannot take; nothing was submitted."""
+class ExecuteArgumentError(CGraphError, TypeError, ValueError):
+    """``execute()`` was called with arguments the DAG cannot take; nothing was submitted.
+
+    A ``TypeError`` (Python's error for a call with the wrong arguments) and a
+    ``ValueError`` (what Ray Compiled Graphs raises for them)."""
 
 
 class CapacityError(RuntimeGraphError):
@@ -128,7 +131,11 @@ class TaskError(RuntimeGraphError):
         traceback_str: str = "",
         cause: BaseException | None = None,
     ) -> None:
-        super().__init__(message)
+        # Not super(): in a dual type another base may come next in the MRO, e.g.
+        # TaskError(RuntimeError) puts Ray's RayTaskError, whose __init__ wants
+        # more arguments, before RuntimeError. Every base is an exception whose
+        # state is its args plus the attributes set here.
+        BaseException.__init__(self, message)
         self.actor = actor
         self.method = method
         self.execution_index = execution_index

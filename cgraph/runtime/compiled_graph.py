@@ -79,10 +79,10 @@ class InputUsage:
                 f"{len(kwargs)} keyword arguments. Use inp[i] / inp.key to read several."
             )
         need = self.need
-        if len(args) < need:
+        if len(args) != need and (self.positions or len(args) < need):
             raise ExecuteArgumentError(
-                f"this graph reads inp[{need - 1}], so execute() needs at least {need} "
-                f"positional argument(s); got {len(args)}"
+                f"this graph reads inp[{need - 1}], so execute() takes {need} positional "
+                f"argument(s); got {len(args)}"
             )
         if self.keys and not self.keys <= kwargs.keys():
             missing = sorted(self.keys - kwargs.keys())
@@ -114,6 +114,7 @@ class CompiledGraph:
         loops: dict[str, Any],
         labels: dict[str, str],
         multi_output: bool,
+        handles: dict[str, Any] | None = None,
         on_teardown: Callable[[], None] = lambda: None,
     ) -> None:
         self.graph_id = next(_IDS)
@@ -123,6 +124,7 @@ class CompiledGraph:
         self._ep = endpoints
         self._input_usage = input_usage
         self._loops = loops
+        self._handles = handles or {}
         self._labels = labels
         self._multi_output = multi_output
         self._on_teardown = on_teardown
@@ -187,12 +189,30 @@ class CompiledGraph:
 
         return draw_schedule(self.planned, filename, format=format, view=view)
 
-    def teardown(self, timeout: float = 10.0) -> None:
-        """Stop every actor loop and free every channel. Safe to call twice."""
+    def teardown(self, timeout: float = 10.0, kill_actors: bool = False) -> None:
+        """Stop every actor loop and free every channel. Safe to call twice.
+
+        ``kill_actors=True`` (Ray Compiled Graphs' option) also kills the graph's
+        actors afterwards, as ``ray.kill`` does.
+        """
         with self._teardown_lock:
             if self._torn_down:
+                if kill_actors:
+                    self._kill_actors()
                 return
             self._torn_down = True
+        try:
+            self._stop(timeout)
+        finally:
+            if kill_actors:
+                self._kill_actors()
+
+    def _kill_actors(self) -> None:
+        if ray.is_initialized():
+            for handle in self._handles.values():
+                _quietly(lambda h=handle: ray.kill(h))
+
+    def _stop(self, timeout: float) -> None:
         if self._monitor is not None:
             self._monitor.stop()
         for res in self._ep.resources:
@@ -210,6 +230,12 @@ class CompiledGraph:
     @property
     def is_torn_down(self) -> bool:
         return self._torn_down
+
+    is_teardown = is_torn_down  # Ray Compiled Graphs' name
+
+    def get_id(self) -> str:
+        """This graph's id, as text (Ray Compiled Graphs' ``get_id``)."""
+        return str(self.graph_id)
 
     def __del__(self) -> None:
         if not getattr(self, "_torn_down", True):

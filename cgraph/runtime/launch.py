@@ -142,10 +142,13 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
         for res in resources.values():
             res.unlink()
         raise
+    # The loop runs in Ray's "_ray_system" concurrency group (one thread, made for
+    # every actor), as Ray Compiled Graphs' does: the actor's ordinary calls still
+    # run while the graph is live, on the thread they always use.
     loops = {
-        actor: handles[actor].__ray_call__.options(name=f"cgraph_loop_{tag}_{actor}").remote(
-            run_actor_loop, programs[actor]
-        )
+        actor: handles[actor]
+        .__ray_call__.options(name=f"cgraph_loop_{tag}_{actor}", concurrency_group="_ray_system")
+        .remote(run_actor_loop, programs[actor])
         for actor in planned.schedule
     }
 
@@ -165,6 +168,7 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
         loops=loops,
         labels=labels,
         multi_output=graph.multi_output,
+        handles={a: handles[a] for a in planned.schedule},
         on_teardown=release,
     )
     for key in keys.values():

@@ -43,6 +43,28 @@ def test_task_error_is_also_the_cause_type(cause):
         raise err
 
 
+class _ConfigError(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [RuntimeError("r"), NotImplementedError("n"), RecursionError("deep"), _ConfigError("c")],
+    ids=lambda c: type(c).__name__,
+)
+def test_runtime_error_causes_with_ray_compat_registered(cause):
+    # With Ray's classes registered (as the runtime does), TaskError(RuntimeError)'s
+    # MRO puts RayTaskError (an __init__ with required arguments) before RuntimeError.
+    import ray.exceptions
+
+    import cgraph.runtime.compiled_graph  # noqa: F401 - registers the Ray compat bases
+
+    err = wrap(cause)
+    assert isinstance(err, type(cause)) and isinstance(err, ray.exceptions.RayTaskError)
+    assert err.cause is cause and "execution 4" in str(err)
+    assert isinstance(pickle.loads(pickle.dumps(err)), type(cause))
+
+
 def test_os_error_fields_survive():
     err = wrap(FileNotFoundError(2, "No such file", "/x"))
     assert (err.errno, err.strerror, err.filename) == (2, "No such file", "/x")
