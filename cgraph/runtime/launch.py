@@ -113,6 +113,21 @@ def _driver_endpoints(planned: Any, resources: dict[str, Any]) -> DriverEndpoint
     return DriverEndpoints(writer, readers, _output_spec(graph), list(resources.values()))
 
 
+def _start_loops(handles: dict[str, Any], programs: dict[str, Any], tag: str) -> dict[str, Any]:
+    """Start each actor's loop; returns the loops' object refs by actor.
+
+    The loop runs in Ray's "_ray_system" concurrency group (one thread, made for
+    every actor), as Ray Compiled Graphs' does: the actor's ordinary calls still
+    run while the graph is live, on the thread they always use.
+    """
+    return {
+        actor: handles[actor]
+        .__ray_call__.options(name=f"cgraph_loop_{tag}_{actor}", concurrency_group="_ray_system")
+        .remote(run_actor_loop, program)
+        for actor, program in programs.items()
+    }
+
+
 def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
     """Allocate channels, start the actor loops, and return the driver's graph object."""
     graph: Graph = planned.graph
@@ -142,15 +157,7 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
         for res in resources.values():
             res.unlink()
         raise
-    # The loop runs in Ray's "_ray_system" concurrency group (one thread, made for
-    # every actor), as Ray Compiled Graphs' does: the actor's ordinary calls still
-    # run while the graph is live, on the thread they always use.
-    loops = {
-        actor: handles[actor]
-        .__ray_call__.options(name=f"cgraph_loop_{tag}_{actor}", concurrency_group="_ray_system")
-        .remote(run_actor_loop, programs[actor])
-        for actor in planned.schedule
-    }
+    loops = _start_loops(handles, programs, tag)
 
     unpin_driver = pin_thread(cpus)
 
