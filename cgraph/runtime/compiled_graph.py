@@ -42,7 +42,7 @@ from cgraph.errors import (
 )
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.options import CompileOptions
-from cgraph.runtime.refs import CompiledFuture, CompiledRef
+from cgraph.runtime.refs import CompiledFuture, CompiledFutureList, CompiledRef, CompiledRefList
 
 # Code written for Ray Compiled Graphs catches Ray's classes: cgraph's errors are
 # instances of those too (and of cgraph's own, and of the user's exception type).
@@ -137,6 +137,7 @@ class CompiledGraph:
         self._partial: dict[str, Any] = {}
         self._results: dict[int, Any] = {}
         self._discarded: set[int] = set()
+        self._unread: dict[int, int] = {}  # multi-output: outputs not yet read or dropped
         self._inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._keeps_inputs = any(kind == "input" for kind, _ in endpoints.output_spec)
         self._monitor: Any = None
@@ -147,8 +148,11 @@ class CompiledGraph:
     def schedule(self) -> Any:
         return self.planned.schedule
 
-    def execute(self, *args: Any, **kwargs: Any) -> CompiledRef:
+    def execute(self, *args: Any, **kwargs: Any) -> CompiledRef | CompiledRefList:
         """Submit one execution; returns a ref to read its result from.
+
+        For a MultiOutputNode, a list of refs, one per output (as Ray's Compiled
+        Graphs return), each read on its own; the list's ``get()`` reads them all.
 
         Raises:
             cgraph.ExecuteArgumentError: the arguments do not match the DAG's InputNode use,
@@ -167,11 +171,22 @@ class CompiledGraph:
             self._submitted += 1
             if self._keeps_inputs:
                 self._inputs_kept[index] = (args, kwargs)
-            return CompiledRef(self, index)
+            if not self._multi_output:
+                return CompiledRef(self, index)
+            count = len(self._ep.output_spec)
+            self._unread[index] = count
+            return CompiledRefList(CompiledRef(self, index, k) for k in range(count))
 
-    async def execute_async(self, *args: Any, **kwargs: Any) -> CompiledFuture:
-        """``fut = await compiled.execute_async(x); result = await fut``."""
-        return CompiledFuture(self.execute(*args, **kwargs))
+    async def execute_async(self, *args: Any, **kwargs: Any) -> CompiledFuture | CompiledFutureList:
+        """``fut = await compiled.execute_async(x); result = await fut``.
+
+        For a MultiOutputNode, a list of futures, one per output (``await futs[0]``,
+        ``asyncio.gather(*futs)``); awaiting the list itself gives every value.
+        """
+        refs = self.execute(*args, **kwargs)
+        if isinstance(refs, CompiledRefList):
+            return CompiledFutureList(CompiledFuture(ref) for ref in refs)
+        return CompiledFuture(refs)
 
     def visualize(
         self,
@@ -300,27 +315,46 @@ class CompiledGraph:
                 f"execute() arguments cannot be sent to the actors: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _get_result(self, index: int, timeout: float | None) -> Any:
+    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
+        """Execution ``index``'s result, or only its output number ``output``."""
         if timeout is None:
             timeout = self.options.get_timeout
         deadline = _deadline(timeout)
         with self._lock:
-            if index in self._results:
+            if index not in self._results:
+                if self._failure is not None:
+                    raise self._failure
+                if self._torn_down:
+                    raise with_compat(GraphTornDownError(
+                        "the compiled graph was torn down before this result was read"))
+                while self._next_read <= index:
+                    self._read_next(deadline)
+            if output is None:
                 return self._finish(self._results.pop(index))
-            if self._failure is not None:
-                raise self._failure
-            if self._torn_down:
-                raise with_compat(
-                    GraphTornDownError("the compiled graph was torn down before this result was read")
-                )
-            while self._next_read <= index:
-                self._read_next(deadline)
-            return self._finish(self._results.pop(index))
+            value = self._results[index][output]
+            self._output_done(index)
+            if type(value) is ErrorValue:
+                raise value.to_exception()
+            return value
 
-    def _discard_result(self, index: int) -> None:
+    def _output_done(self, index: int) -> bool:
+        """One output of a multi-output execution is read or dropped; True when it was
+        the last, and the execution's buffered result is gone."""
+        left = self._unread.get(index, 1) - 1
+        if left > 0:
+            self._unread[index] = left
+            return False
+        self._unread.pop(index, None)
+        self._results.pop(index, None)
+        self._inputs_kept.pop(index, None)
+        return True
+
+    def _discard_result(self, index: int, output: int | None = None) -> None:
         if self._torn_down:
             return
         with self._lock:
+            if output is not None and not self._output_done(index):
+                return  # other outputs of this execution are still to be read
             if self._results.pop(index, None) is None and index >= self._next_read:
                 self._discarded.add(index)
             self._inputs_kept.pop(index, None)

@@ -8,11 +8,12 @@ compiled refs.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 from ray.experimental.compiled_dag_ref import CompiledDAGRef
 
-from cgraph.errors import RefConsumedError
+from cgraph.errors import RefConsumedError, TimeoutError
 
 if TYPE_CHECKING:
     from cgraph.runtime.compiled_graph import CompiledGraph
@@ -21,10 +22,13 @@ if TYPE_CHECKING:
 class CompiledRef(CompiledDAGRef):
     """The result of one execution. ``get()`` may be called once."""
 
-    def __init__(self, graph: CompiledGraph, execution_index: int) -> None:  # noqa: D107
+    def __init__(  # noqa: D107
+        self, graph: CompiledGraph, execution_index: int, output: int | None = None
+    ) -> None:
         # Ray's __init__ expects its own CompiledDAG; set the fields we use directly.
         self._graph = graph
         self._execution_index = execution_index
+        self._output = output  # which output of a MultiOutputNode; None: the whole result
         self._consumed = False
 
     @property
@@ -45,12 +49,19 @@ class CompiledRef(CompiledDAGRef):
                 f"the result of execution {self._execution_index} was already read; "
                 "a compiled ref can be read once (keep the value the first get() returned)"
             )
-        value = self._graph._get_result(self._execution_index, timeout)
+        try:
+            value = self._graph._get_result(self._execution_index, timeout, self._output)
+        except TimeoutError:
+            raise  # still unread: get() may be called again
+        except BaseException:
+            self._consumed = True  # the error was this ref's result
+            raise
         self._consumed = True
         return value
 
     def __str__(self) -> str:
-        return f"CompiledRef(graph={self._graph.graph_id}, execution={self._execution_index})"
+        output = "" if self._output is None else f", output={self._output}"
+        return f"CompiledRef(graph={self._graph.graph_id}, execution={self._execution_index}{output})"
 
     __repr__ = __str__
 
@@ -63,10 +74,43 @@ class CompiledRef(CompiledDAGRef):
     def __reduce__(self) -> Any:
         raise ValueError("a CompiledRef cannot be pickled or passed to another task")
 
+    def _drop(self) -> None:
+        """Give up this result unread (its slot is freed as if the ref were deleted)."""
+        if not self._consumed:
+            self._consumed = True
+            self._graph._discard_result(self._execution_index, self._output)
+
     def __del__(self) -> None:
         graph = getattr(self, "_graph", None)
         if graph is not None and not self._consumed:
-            graph._discard_result(self._execution_index)
+            graph._discard_result(self._execution_index, self._output)
+
+
+class CompiledRefList(list):  # type: ignore[type-arg]
+    """The refs of one execution of a MultiOutputNode graph, one per output.
+
+    A plain list to Ray (``ray.get(refs)``, ``a, b = refs``, ``refs[1].get()``),
+    as Ray's Compiled Graphs return; ``get()`` reads every output in order.
+    """
+
+    def get(self, timeout: float | None = None) -> list[Any]:
+        """Every output's value, in order. An output's error is raised and the
+        outputs after it are dropped (the execution was read as a whole); a
+        timeout leaves the unread ones readable."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        values = []
+        for i, ref in enumerate(self):
+            try:
+                values.append(
+                    ref.get(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                )
+            except TimeoutError:
+                raise
+            except BaseException:
+                for rest in self[i + 1 :]:
+                    rest._drop()
+                raise
+        return values
 
 
 class CompiledFuture:
@@ -78,3 +122,10 @@ class CompiledFuture:
     def __await__(self) -> Any:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(None, self._ref.get).__await__()
+
+
+class CompiledFutureList(list):  # type: ignore[type-arg]
+    """One future per output of a MultiOutputNode; awaiting the list gives every value."""
+
+    def __await__(self) -> Any:
+        return asyncio.gather(*self).__await__()

@@ -201,11 +201,6 @@ def test_compiled_graph_owned_by_an_actor(make):
 
 
 # --------------------------------------------------------------------------- refs and results
-@pytest.mark.xfail(
-    strict=True,
-    reason="cgraph gap: execute() on a MultiOutputNode returns one CompiledRef whose get() "
-    "is a list; Ray returns a list of CompiledDAGRefs, one per output (refs[i], a, b = refs)",
-)
 def test_multi_output_execute_returns_one_ref_per_output(make):
     a, b = make(Worker, 2)
     with InputNode() as inp:
@@ -429,11 +424,6 @@ def test_asyncio_capacity_error(make):
         compiled.teardown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cgraph gap: execute_async() on a MultiOutputNode returns one future of a list; "
-    "Ray returns a list of CompiledDAGFutures (asyncio.gather(*futs), await futs[0])",
-)
 def test_asyncio_multi_output_returns_one_future_per_output(make):
     a, b = make(Worker, 2)
     with InputNode() as inp:
@@ -491,8 +481,11 @@ def test_teardown_kill_actors(make):
     try:
         assert ray.get(compiled.execute(1)) == 2
         compiled.teardown(kill_actors=True)
+        deadline = time.monotonic() + 30  # ray.kill is asynchronous: a call may still slip in
         with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(a.inc.remote(1), timeout=30)
+            while time.monotonic() < deadline:
+                ray.get(a.inc.remote(1), timeout=30)
+                time.sleep(0.1)
     finally:
         compiled.teardown()
 
@@ -518,5 +511,25 @@ def test_visualize_ascii_returns_text(make):
     try:
         text = compiled.visualize(format="ascii")
         assert isinstance(text, str) and text.strip()
+    finally:
+        compiled.teardown()
+
+
+def test_multi_output_refs_free_capacity_once_every_output_is_read_or_dropped(make):
+    a, b = make(Worker, 2)
+    with InputNode() as inp:
+        dag = MultiOutputNode([a.inc.bind(inp), b.fail_if.bind(inp)])
+    compiled = _compile(dag, _max_inflight_executions=2)
+    try:
+        first = compiled.execute(1)
+        assert first[0].get(timeout=30) == 2  # one output read: execution 0 still held
+        second = compiled.execute(2)
+        with pytest.raises(cgraph.CapacityError):
+            compiled.execute(3)  # 0 (half read) and 1 (unread) fill both places
+        del first  # its unread output is dropped: execution 0 is gone
+        with pytest.raises(ValueError):
+            compiled.execute(-1).get(timeout=30)  # the list reads both; output 1 raised
+        assert second.get(timeout=30) == [3, 2]
+        assert compiled.execute(5).get(timeout=30) == [6, 5], "capacity is all back"
     finally:
         compiled.teardown()
