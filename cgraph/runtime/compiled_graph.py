@@ -327,8 +327,13 @@ class CompiledGraph:
                 if self._torn_down:
                     raise with_compat(GraphTornDownError(
                         "the compiled graph was torn down before this result was read"))
-                while self._next_read <= index:
-                    self._read_next(deadline)
+                try:
+                    while self._next_read <= index:
+                        self._read_next(deadline, want=index)
+                except _EarlyError as early:  # another output of it failed: so does this read
+                    if output is not None:
+                        self._output_done(index)
+                    raise early.error.to_exception() from None
             if output is None:
                 return self._finish(self._results.pop(index))
             value = self._results[index][output]
@@ -359,25 +364,40 @@ class CompiledGraph:
                 self._discarded.add(index)
             self._inputs_kept.pop(index, None)
 
-    def _read_next(self, deadline: float | None) -> None:
-        """Read every output of execution ``_next_read`` (resuming after a timeout)."""
+    def _read_next(self, deadline: float | None, want: int = -1) -> None:
+        """Read every output of execution ``_next_read`` (resuming after a timeout).
+
+        Raises ``_EarlyError`` when ``want`` is that execution and one of its outputs
+        holds an error while others are still in flight (Ray raises it at once too);
+        the outputs still to come are read by the next call.
+        """
         index = self._next_read
-        for node, reader in self._ep.output_readers.items():
-            if node in self._partial:
-                continue
-            try:
-                value = reader.read(timeout=_remaining(deadline))
-            except ChannelTimeoutError:
-                raise with_compat(
-                    TimeoutError(
-                        f"execution {index} did not finish in time; the graph is still usable "
-                        "and the result can be read again"
-                    )
-                ) from None
-            except ChannelClosedError:
-                raise self._closed_error() from None
-            reader.release()
-            self._partial[node] = value
+        pending = [(n, r) for n, r in self._ep.output_readers.items() if n not in self._partial]
+        while pending:
+            # one output: wait on it; several: wait on the first a little at a time,
+            # taking any other that is already there, so an error is seen early
+            wait = _remaining(deadline) if len(pending) == 1 else _poll(deadline)
+            first = pending[0][0]
+            for node, reader in pending:
+                try:
+                    value = reader.read(timeout=wait if node == first else 0)
+                except ChannelTimeoutError:
+                    continue
+                except ChannelClosedError:
+                    raise self._closed_error() from None
+                reader.release()
+                self._partial[node] = value
+                if type(value) is ErrorValue and index == want and len(pending) > 1:
+                    raise _EarlyError(value)
+            pending = [(n, r) for n, r in pending if n not in self._partial]
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                raise with_compat(TimeoutError(
+                    f"execution {index} did not finish in time; the graph is still usable "
+                    "and the result can be read again"))
+        self._store(index)
+
+    def _store(self, index: int) -> None:
+        """Execution ``index``'s outputs are all read: keep them for its refs."""
         values = [self._output_value(kind, what, index) for kind, what in self._ep.output_spec]
         self._partial.clear()
         self._inputs_kept.pop(index, None)
@@ -400,6 +420,19 @@ class CompiledGraph:
             if isinstance(value, ErrorValue):
                 raise value.to_exception()
         return values if self._multi_output else values[0]
+
+
+class _EarlyError(Exception):  # noqa: N818 - control flow inside this module
+    def __init__(self, error: ErrorValue) -> None:
+        self.error = error
+
+
+_POLL_S = 0.01
+"""While several outputs of one execution are awaited, how often the others are checked."""
+
+
+def _poll(deadline: float | None) -> float:
+    return _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
 
 
 def _deadline(timeout: float | None) -> float | None:
