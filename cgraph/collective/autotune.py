@@ -254,9 +254,9 @@ def trial(transport: Transport, calibration: Calibration, nbytes: int,
     ranked = ranked[:keep]
     if repeats is None:
         repeats = trial_repeats(calibration, ranked, nbytes)
-    times = _slowest_rank_times(transport, ranked, nbytes, repeats, 1)
-    winner = ranked[_paired_best(times)]
-    _debug("trial", nbytes, ranked, _mean_ratio(times / times.min(axis=1, keepdims=True)))
+    scores = _round_scores(_slowest_rank_times(transport, ranked, nbytes, repeats, 1))
+    winner = ranked[int(np.argmin(scores))]
+    _debug("trial", nbytes, ranked, scores)
     if winner == ranked[0]:
         return winner
     pair = [ranked[0], winner]
@@ -289,7 +289,12 @@ def _paired_best(times: np.ndarray) -> int:
     process holds one), and the mean is what their users pay over many calls;
     ratios are clipped at ``RATIO_CLIP`` so one stalled call cannot decide alone.
     """
-    return int(np.argmin(_mean_ratio(times / np.maximum(times.min(axis=1, keepdims=True), 1e-12))))
+    return int(np.argmin(_round_scores(times)))
+
+
+def _round_scores(times: np.ndarray) -> np.ndarray:
+    """Each column's mean of time / the fastest time of its round (``_paired_best``)."""
+    return _mean_ratio(times / np.maximum(times.min(axis=1, keepdims=True), 1e-12))
 
 
 def _mean_ratio(ratios: np.ndarray) -> np.ndarray:

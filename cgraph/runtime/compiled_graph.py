@@ -248,6 +248,13 @@ class CompiledGraph:
 
     is_teardown = is_torn_down  # Ray Compiled Graphs' name
 
+    def __enter__(self) -> CompiledGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """``with cgraph.compile(dag) as compiled:`` tears the graph down on leaving."""
+        self.teardown()
+
     def get_id(self) -> str:
         """This graph's id, as text (Ray Compiled Graphs' ``get_id``)."""
         return str(self.graph_id)

@@ -108,26 +108,20 @@ def test_same_method_bound_thrice_on_one_input_runs_each_in_bind_order(make):
     (acc,) = make(Acc, 1)
     with InputNode() as inp:
         dag = MultiOutputNode([acc.add.bind(inp), acc.add.bind(inp), acc.add.bind(inp)])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         # totals accumulate: each bound call runs once per execution, in bind order
         assert ray.get(compiled.execute(0)) == [0, 0, 0]
         assert ray.get(compiled.execute(1)) == [1, 2, 3]
         assert ray.get(compiled.execute(2)) == [5, 7, 9]
-    finally:
-        compiled.teardown()
 
 
 def test_same_input_attribute_bound_twice_to_one_actor(make):
     (acc,) = make(Acc, 1)
     with InputNode() as inp:
         dag = MultiOutputNode([acc.add.bind(inp[0]), acc.add.bind(inp[0]), acc.add.bind(inp[1])])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         assert ray.get(compiled.execute(1, 10)) == [1, 2, 12]
         assert ray.get(compiled.execute(2, 0)) == [14, 16, 16]
-    finally:
-        compiled.teardown()
 
 
 def test_each_actor_runs_its_methods_in_bind_order_across_actors(make):
@@ -137,12 +131,9 @@ def test_each_actor_runs_its_methods_in_bind_order_across_actors(make):
         left = q.double_add.bind(p.add.bind(inp))  # p: add first; q: double_add first
         right = p.double_add.bind(q.add.bind(inp))  # then q.add and p.double_add
         dag = MultiOutputNode([right, left])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         # p.add(1)=1 -> q.double_add(1)=1 -> q.add(1)=2 -> p.double_add(2)=1*2+2=4
         assert ray.get(compiled.execute(1)) == [4, 1]
-    finally:
-        compiled.teardown()
     assert ray.get([p.state.remote(), q.state.remote()], timeout=30) == [4, 2]
 
 
@@ -151,25 +142,19 @@ def test_constants_bound_before_and_after_the_input(make):
     with InputNode() as inp:
         first = acc.add2.bind(2, inp)
         dag = acc.add2.bind(first, 2)  # the same constant bound twice
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         # add2(2, 1): total 3; add2(3, 2): total 8
         assert ray.get(compiled.execute(1)) == 8
         # add2(2, 1): 11; add2(11, 2): 24
         assert ray.get(compiled.execute(1)) == 24
-    finally:
-        compiled.teardown()
 
 
 def test_method_returning_none_flows_to_the_next_method(make):
     a, b = make(Acc, 2)
     with InputNode() as inp:
         dag = MultiOutputNode([a.nothing.bind(inp), b.is_none.bind(a.nothing.bind(inp))])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         assert ray.get(compiled.execute(5)) == [None, True]
-    finally:
-        compiled.teardown()
 
 
 def test_tensor_transport_hints_on_input_and_methods_with_several_args(make):
@@ -180,13 +165,10 @@ def test_tensor_transport_hints_on_input_and_methods_with_several_args(make):
         x = a.echo.bind(inp[0]).with_tensor_transport()
         y = b.echo.bind(inp[1]).with_tensor_transport()
         dag = MultiOutputNode([y, x])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         t0, t1 = torch.zeros(5, dtype=torch.int64), torch.ones(5, dtype=torch.int64)
         got = ray.get(compiled.execute(t0, t1))
         assert torch.equal(got[0], t1) and torch.equal(got[1], t0)
-    finally:
-        compiled.teardown()
 
 
 def test_compiled_graph_owned_by_an_actor(make):
@@ -204,38 +186,31 @@ def test_multi_output_execute_returns_one_ref_per_output(make):
     a, b = make(Worker, 2)
     with InputNode() as inp:
         dag = MultiOutputNode([a.inc.bind(inp), b.mul.bind(inp)])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         refs = compiled.execute(3)
         assert isinstance(refs, list) and len(refs) == 2
         assert ray.get(refs[1]) == 6  # single fetch, any order
         assert ray.get(refs[0]) == 4
         first, second = compiled.execute(4)
         assert ray.get([first, second]) == [5, 8]
-    finally:
-        compiled.teardown()
 
 
 def test_ray_get_of_refs_mixed_with_other_values_is_refused(make):
     (a,) = make(Worker, 1)
     with InputNode() as inp:
         dag = a.inc.bind(inp)
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         ref = compiled.execute(1)
         with pytest.raises(ValueError, match="must be a list of CompiledDAGRefs"):
             ray.get([ref, 1])
         assert ray.get(ref) == 2
-    finally:
-        compiled.teardown()
 
 
 def test_get_with_zero_timeout_returns_a_finished_result(make):
     (a,) = make(Worker, 1)
     with InputNode() as inp:
         dag = a.inc.bind(inp)
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         ref = compiled.execute(41)
         deadline = time.monotonic() + 30
         while True:  # poll as Ray's docs allow: timeout=0 returns at once or raises
@@ -245,16 +220,13 @@ def test_get_with_zero_timeout_returns_a_finished_result(make):
             except ray.exceptions.RayChannelTimeoutError:
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-    finally:
-        compiled.teardown()
 
 
 def test_deleted_refs_free_their_slots(make):
     (acc,) = make(Acc, 1)
     with InputNode() as inp:
         dag = acc.add.bind(inp)
-    compiled = _compile(dag, _max_inflight_executions=3)
-    try:
+    with _compile(dag, _max_inflight_executions=3) as compiled:
         for _ in range(12):  # never read: deleting each must not exhaust capacity
             ref = compiled.execute(1)
             del ref
@@ -264,21 +236,16 @@ def test_deleted_refs_free_their_slots(make):
         fourth = compiled.execute(1)
         del fourth
         assert ray.get(compiled.execute(1)) == 17  # dropped ones do not count as in flight
-    finally:
-        compiled.teardown()
 
 
 def test_later_ref_read_after_earlier_refs_dropped(make):
     (acc,) = make(Acc, 1)
     with InputNode() as inp:
         dag = acc.add.bind(inp)
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         r1, r2, r3 = (compiled.execute(2) for _ in range(3))
         del r1, r2
         assert ray.get(r3) == 6
-    finally:
-        compiled.teardown()
 
 
 # --------------------------------------------------------------------------- execute() arguments
@@ -286,15 +253,12 @@ def test_wrong_execute_arguments_raise_value_error(make):
     a, b = make(Worker, 2)
     with InputNode() as inp:
         dag = MultiOutputNode([a.inc.bind(inp[0]), b.inc.bind(inp[1], by=inp.step)])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         with pytest.raises(ValueError, match="positional"):
             compiled.execute(1, step=1)
         with pytest.raises(ValueError, match="step"):
             compiled.execute(1, 2)
         assert ray.get(compiled.execute(1, 2, step=3)) == [2, 5]
-    finally:
-        compiled.teardown()
 
 
 # --------------------------------------------------------------------------- exceptions
@@ -302,15 +266,12 @@ def test_exception_text_shows_the_failing_source_line_and_cause(make):
     (a,) = make(Worker, 1)
     with InputNode() as inp:
         dag = a.fail_if.bind(inp, bad=3)
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         with pytest.raises(ray.exceptions.RayTaskError) as info:
             ray.get(compiled.execute(3))
         err = info.value
         assert 'raise ValueError(f"bad input {x}")' in str(err)  # the user's own line
         assert isinstance(err.cause, ValueError) and str(err.cause) == "bad input 3"
-    finally:
-        compiled.teardown()
 
 
 def test_method_with_two_returns_that_raises_fails_every_output(make):
@@ -318,37 +279,30 @@ def test_method_with_two_returns_that_raises_fails_every_output(make):
     with InputNode() as inp:
         lo, hi = a.pair_or_raise.bind(inp)
         dag = MultiOutputNode([lo, b.is_none.bind(hi)])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         assert ray.get(compiled.execute(3)) == [3, False]
         for _ in range(2):
             with pytest.raises(ValueError, match="negative pair -1"):
                 ray.get(compiled.execute(-1))
         assert ray.get(compiled.execute(4)) == [4, False]
-    finally:
-        compiled.teardown()
 
 
 def test_runtime_error_family_raised_by_a_method(make):
     (a,) = make(Acc, 1)
     with InputNode() as inp:
         dag = a.raise_runtime.bind(inp)
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         with pytest.raises(NotImplementedError, match="no negatives: -1") as info:
             ray.get(compiled.execute(-1))
         assert isinstance(info.value, ray.exceptions.RayTaskError)
         assert ray.get(compiled.execute(2)) == 2
-    finally:
-        compiled.teardown()
 
 
 def test_error_in_one_output_raises_without_waiting_for_slow_outputs(make):
     a, b = make(Worker, 2)
     with InputNode() as inp:
         dag = MultiOutputNode([a.sleep_then.bind(inp, seconds=2.5), b.fail_if.bind(inp, bad=2)])
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         start = time.monotonic()
         with pytest.raises(ValueError, match="bad input 2"):
             ray.get(compiled.execute(2), timeout=30)
@@ -359,8 +313,6 @@ def test_error_in_one_output_raises_without_waiting_for_slow_outputs(make):
         with pytest.raises(ValueError, match="bad input 2"):
             refs[1].get(timeout=30)
         assert refs[0].get(timeout=30) == 2, "the healthy output still has its own value"
-    finally:
-        compiled.teardown()
 
 
 # --------------------------------------------------------------------------- asyncio
@@ -368,7 +320,6 @@ def test_asyncio_concurrent_submitters_and_out_of_order_awaits(make):
     (a,) = make(Worker, 1)
     with InputNode() as inp:
         dag = a.echo.bind(inp)
-    compiled = _compile(dag, enable_asyncio=True)
 
     async def one(i):
         fut = await compiled.execute_async(np.full(50, i))
@@ -380,18 +331,15 @@ def test_asyncio_concurrent_submitters_and_out_of_order_awaits(make):
         f2 = await compiled.execute_async("second")
         return got, await f2, await f1
 
-    try:
+    with _compile(dag, enable_asyncio=True) as compiled:
         got, second, first = asyncio.run(main())
         assert got == list(range(8)) and (first, second) == ("first", "second")
-    finally:
-        compiled.teardown()
 
 
 def test_asyncio_exception_keeps_its_type_and_graph_stays_usable(make):
     (a,) = make(Worker, 1)
     with InputNode() as inp:
         dag = a.fail_if.bind(inp, bad=0)
-    compiled = _compile(dag, enable_asyncio=True)
 
     async def main():
         for _ in range(2):
@@ -400,17 +348,14 @@ def test_asyncio_exception_keeps_its_type_and_graph_stays_usable(make):
                 await fut
         return await (await compiled.execute_async(5))
 
-    try:
+    with _compile(dag, enable_asyncio=True) as compiled:
         assert asyncio.run(main()) == 5
-    finally:
-        compiled.teardown()
 
 
 def test_asyncio_capacity_error(make):
     (a,) = make(Worker, 1)
     with InputNode() as inp:
         dag = a.inc.bind(inp)
-    compiled = _compile(dag, enable_asyncio=True, _max_inflight_executions=2)
 
     async def main():
         futs = [await compiled.execute_async(i) for i in range(2)]
@@ -418,27 +363,22 @@ def test_asyncio_capacity_error(make):
             await compiled.execute_async(9)
         return [await f for f in futs]
 
-    try:
+    with _compile(dag, enable_asyncio=True, _max_inflight_executions=2) as compiled:
         assert asyncio.run(main()) == [1, 2]
-    finally:
-        compiled.teardown()
 
 
 def test_asyncio_multi_output_returns_one_future_per_output(make):
     a, b = make(Worker, 2)
     with InputNode() as inp:
         dag = MultiOutputNode([a.inc.bind(inp), b.mul.bind(inp)])
-    compiled = _compile(dag, enable_asyncio=True)
 
     async def main():
         futs = await compiled.execute_async(3)
         assert len(futs) == 2
         return await asyncio.gather(*futs)
 
-    try:
+    with _compile(dag, enable_asyncio=True) as compiled:
         assert asyncio.run(main()) == [4, 6]
-    finally:
-        compiled.teardown()
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -464,12 +404,9 @@ def test_graph_id_and_is_teardown(make):
     (a,) = make(Worker, 1)
     with InputNode() as inp:
         dag = a.inc.bind(inp)
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         assert isinstance(compiled.get_id(), str) and compiled.get_id()
         assert compiled.is_teardown is False
-    finally:
-        compiled.teardown()
     assert compiled.is_teardown is True
 
 
@@ -477,8 +414,7 @@ def test_teardown_kill_actors(make):
     (a,) = make(Worker, 1)
     with InputNode() as inp:
         dag = a.inc.bind(inp)
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         assert ray.get(compiled.execute(1)) == 2
         compiled.teardown(kill_actors=True)
         deadline = time.monotonic() + 30  # ray.kill is asynchronous: a call may still slip in
@@ -486,41 +422,32 @@ def test_teardown_kill_actors(make):
             while time.monotonic() < deadline:
                 ray.get(a.inc.remote(1), timeout=30)
                 time.sleep(0.1)
-    finally:
-        compiled.teardown()
 
 
 def test_ordinary_actor_calls_run_while_the_graph_is_live(make):
     (acc,) = make(Acc, 1)
     with InputNode() as inp:
         dag = acc.add.bind(inp)
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         assert ray.get(compiled.execute(5)) == 5
         assert ray.get(acc.state.remote(), timeout=5) == 5  # e.g. reading logs, metrics
         assert ray.get(compiled.execute(1)) == 6
-    finally:
-        compiled.teardown()
 
 
 def test_visualize_ascii_returns_text(make):
     a, b = make(Worker, 2)
     with InputNode() as inp:
         dag = b.inc.bind(a.inc.bind(inp))
-    compiled = _compile(dag)
-    try:
+    with _compile(dag) as compiled:
         text = compiled.visualize(format="ascii")
         assert isinstance(text, str) and text.strip()
-    finally:
-        compiled.teardown()
 
 
 def test_multi_output_refs_free_capacity_once_every_output_is_read_or_dropped(make):
     a, b = make(Worker, 2)
     with InputNode() as inp:
         dag = MultiOutputNode([a.inc.bind(inp), b.fail_if.bind(inp)])
-    compiled = _compile(dag, _max_inflight_executions=2)
-    try:
+    with _compile(dag, _max_inflight_executions=2) as compiled:
         first = compiled.execute(1)
         assert first[0].get(timeout=30) == 2  # one output read: execution 0 still held
         second = compiled.execute(2)
@@ -531,5 +458,13 @@ def test_multi_output_refs_free_capacity_once_every_output_is_read_or_dropped(ma
             compiled.execute(-1).get(timeout=30)  # the list reads both; output 1 raised
         assert second.get(timeout=30) == [3, 2]
         assert compiled.execute(5).get(timeout=30) == [6, 5], "capacity is all back"
-    finally:
-        compiled.teardown()
+
+
+def test_a_with_block_tears_the_graph_down(make):
+    (a,) = make(Worker, 1)
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+    with _compile(dag) as compiled:
+        assert ray.get(compiled.execute(1)) == 2
+    assert compiled.is_teardown
+    assert ray.get(a.inc.remote(1), timeout=30) == 2, "the actor is free again"
