@@ -122,7 +122,14 @@ class Member:
             times.append(time.perf_counter() - start)
             if check and i == 0:
                 error = float(np.max(np.abs(self.buf.numpy().astype(np.float64) - self.reference)))
+        if entry == "auto":  # what runs after these calls (a probe may have switched it)
+            picked = col.choose_algorithm(self.buf.numel() * 4, self.cpu)
+            self.measured = groups.lookup(self.cpu).comm.measured(self.buf.numel() * 4)
         return times[1:], error, picked
+
+    def auto_state(self) -> str | None:
+        """What auto's trial and probes found at the last size timed (``explain``'s line)."""
+        return getattr(self, "measured", None)
 
     def close(self) -> None:
         import cgraph.collective as col
@@ -169,16 +176,20 @@ def measure_point(members: list[Any], p: int, nelem: int, repeats: int, iters: i
     ray.get([m.prepare.remote(nelem, ref) for m in members])
     times: dict[str, list[float]] = {e: [] for e in ENTRIES}
     errors: dict[str, float] = {}
-    picked = ""
+    history: list[str] = []  # auto's algorithm after each round, when it changed
     for rep in range(repeats):
         for entry in ENTRIES[rep % len(ENTRIES):] + ENTRIES[:rep % len(ENTRIES)]:  # rotated
             out = ray.get([m.timed.remote(entry, iters, rep == 0) for m in members], timeout=600)
             times[entry] += [max(per_rank) for per_rank in zip(*(o[0] for o in out), strict=True)]
             if rep == 0:
                 errors[entry] = max(o[1] for o in out)
-            picked = out[0][2] if entry == "auto" else picked
+            if entry == "auto" and out[0][2] not in history[-1:]:
+                history.append(out[0][2])
     del ref
+    picked = history[-1]
     result = summarize_point(nelem, times, errors, picked, cal)
+    result["auto_history"] = history
+    result["auto_measured"] = ray.get(members[0].auto_state.remote())
     result["auto_paired"] = paired_ratio(times["auto"], times[result["best"]], iters)
     log(f"p={p} n={nelem // MI}Mi: best {result['best']} {result['best_ms']:.1f} ms, auto->{picked} "
         f"{result['auto_ms']:.1f} ms, gloo {result['gloo_ms']:.1f} ms")
@@ -233,7 +244,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             paired = point.get("auto_paired", ratio)
             pick = point["rows"][point["auto_picks"]]["median_ms"] / point["best_ms"]
             targets.append({"target": "auto within 10% of the best", "point": where,
-                            "value": f"auto ({point['auto_picks']}) {paired:.2f}x best "
+                            "value": f"auto ({_auto_label(point)}) {paired:.2f}x best "
                                      f"({point['best']}) paired by round, {ratio:.2f}x by "
                                      f"overall medians; its pick's own row {pick:.2f}x",
                             "verdict": verdict(paired <= AUTO_SLACK)})
@@ -245,6 +256,11 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
+def _auto_label(point: dict[str, Any]) -> str:
+    """auto's algorithm at a point; "a, then b" where its probes switched during the rounds."""
+    return ", then ".join(point.get("auto_history") or [point["auto_picks"]])
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     out = ["# Allreduce on CPU actors: cgraph's algorithms vs gloo", "",
            f"`{results['command']}` on {results['host']['cpu_count']} cores "
@@ -254,7 +270,10 @@ def render_markdown(results: dict[str, Any]) -> str:
            "group by `cgraph.collective.tune`, times the algorithm's measured/model ratio "
            "(docs/collective.md); err = largest |result - float64 sum| (inputs in [0, 1)). "
            "The entries' order rotates every round; the auto target compares auto with the "
-           "best algorithm round by round (median of the per-round ratios).", ""]
+           "best algorithm round by round (median of the per-round ratios). auto's first call "
+           "of a size runs its trial (untimed: each round's first call is a warm-up); later calls "
+           "probe the trial's runner-up now and then, so \"ring, then chain\" means the probes "
+           "switched it during the rounds.", ""]
     for name, section in results["sections"].items():
         if section.get("status") != "ok":
             out += [f"## {name}: {section.get('status')}", ""]
@@ -280,7 +299,7 @@ def _md_world(section: dict[str, Any]) -> list[str]:
             mark = " *" if entry == point["best"] else ""
             row += [fmt(r["median_ms"], 1) + mark, fmt(r["predicted_ms"], 1), f"{r['max_error']:.2e}"]
         rows.append(row)
-    picks = ", ".join(f"{pt['nelem'] // MI} Mi -> {pt['auto_picks']}" for pt in points)
+    picks = ", ".join(f"{pt['nelem'] // MI} Mi -> {_auto_label(pt)}" for pt in points)
     load = section.get("load_average_1m", [None, None])
     return [f"## world size {p}", "",
             f"Load average of the shared 2-core machine (anything running, 1 min) "

@@ -233,14 +233,17 @@ def explain(world_size: int, nbytes: int, group_name: str | None = None,
     With ``group_name`` (a calibrated "cpu" group of this process, after its first
     ``algorithm="auto"`` call or ``tune``) and no ``params``: the group's fitted
     parameters, each algorithm's measured/model ratio and the calibrated time
-    "auto" compares. Otherwise the plain cost model with ``params`` (or
-    ``DEFAULT_PARAMS``).
+    "auto" compares, plus what the size class's trial and probes measured (the
+    algorithm that runs, its challenger, the switches so far). Otherwise the
+    plain cost model with ``params`` (or ``DEFAULT_PARAMS``).
     """
-    calibration = None
+    calibration = comm = None
     if params is None and group_name is not None:
-        calibration = getattr(groups.lookup(group_name).comm, "calibration", None)
+        comm = groups.lookup(group_name).comm
+        calibration = getattr(comm, "calibration", None)
     if calibration is not None and calibration.world_size == world_size:
-        return calibration.explain(nbytes)
+        measured = comm.measured(nbytes) if hasattr(comm, "measured") else None
+        return calibration.explain(nbytes) + (f"\n{measured}" if measured else "")
     if calibration is not None:
         params = calibration.params
     return cost_model.explain(world_size, nbytes, params or DEFAULT_PARAMS,

@@ -22,6 +22,8 @@ Then, the first "auto" call of each power-of-two size class (from 64 KiB) times
 the model's close candidates at that very size (``trial``), and keeps the
 fastest for the class: the model ranks, a measurement settles close calls, and
 overruling the model's own pick takes a second, head-to-head measurement.
+After that the class's calls keep probing the trial's runner-up now and then,
+on a copy of the input, and swap the two when it proves faster (``Arm``).
 
 The ratio carries what the shared parameters cannot: on a host where ranks
 share few cores, algorithms that keep fewer ranks busy at once (star, chain)
@@ -36,7 +38,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -73,6 +75,16 @@ TRIAL_MAX_REPEATS = 15
 """Most timed rounds: cheap sizes get more, since close candidates need them to separate."""
 TRIAL_BUDGET_S = 0.3
 """Predicted time a trial's timed rounds aim at, which sets their number between the two."""
+PROBE_FIRST = 8
+"""A size class's first probe (see ``Arm``) is its ``PROBE_FIRST``-th call after the trial
+(or after a switch); the gap to the next doubles after each probe, up to..."""
+PROBE_MAX_INTERVAL = 256
+"""...one probe every this many calls (a probe costs about one more call: under 0.5%)."""
+PROBE_MIN = 4
+"""Fewest probes before the challenger can take over (even: each order as often)."""
+PROBE_WINDOW = 6
+"""The challenger takes over when the mean of the last this many probe ratios (even: each
+order as often), after an even number of probes, is below OVERRULE."""
 DEFAULT_PARAMS = CostParams(alpha=2e-5, beta=2e-10, gamma=2e-10)
 """Shared parameters when the samples cannot be fitted (the ratios still calibrate)."""
 
@@ -248,22 +260,128 @@ def trial(transport: Transport, calibration: Calibration, nbytes: int,
     collective call); the slowest rank's time in each round decides, so every
     rank picks the same algorithm.
     """
+    return trial_arm(transport, calibration, nbytes, keep, repeats).incumbent
+
+
+def trial_arm(transport: Transport, calibration: Calibration, nbytes: int,
+              keep: int = TRIAL_CANDIDATES, repeats: int | None = None) -> Arm:
+    """``trial``, kept as an ``Arm``: its winner runs, its runner-up is probed later."""
     ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, nbytes))
     best_pred = calibration.predict(ranked[0], nbytes)
     ranked = [a for a in ranked if calibration.predict(a, nbytes) <= TRIAL_WINDOW * best_pred]
     ranked = ranked[:keep]
+    if len(ranked) == 1:
+        return Arm(ranked[0], None)
     if repeats is None:
         repeats = trial_repeats(calibration, ranked, nbytes)
     scores = _round_scores(_slowest_rank_times(transport, ranked, nbytes, repeats, 1))
-    winner = ranked[int(np.argmin(scores))]
+    order = [ranked[i] for i in np.argsort(scores, kind="stable")]
     _debug("trial", nbytes, ranked, scores)
+    winner, runner_up = order[0], order[1]
     if winner == ranked[0]:
-        return winner
+        return Arm(winner, runner_up)
     pair = [ranked[0], winner]
     times = _slowest_rank_times(transport, pair, nbytes, 2 * repeats, 0)
     challenger = float(_mean_ratio(times[:, 1] / times[:, 0]))
     _debug("head to head", nbytes, pair, [1.0, challenger])
-    return winner if challenger < OVERRULE else ranked[0]
+    return Arm(winner, ranked[0]) if challenger < OVERRULE else Arm(ranked[0], winner)
+
+
+@dataclass(slots=True)
+class Arm:
+    """``auto``'s algorithm for one size class, kept honest over the group's life.
+
+    A trial is a few rounds on a shared host at one moment; its verdict between
+    close candidates can be wrong, or stop being right when the load changes. So
+    the ``auto`` calls of the class keep a challenger (the trial's runner-up):
+    now and then (``PROBE_FIRST`` calls after the trial, then after gaps that
+    double up to ``PROBE_MAX_INTERVAL``) a call is a *probe*: it runs the incumbent
+    on the user's tensor as usual and the challenger on a copy of the input, back
+    to back in alternating order, and records the slowest rank's time ratio of
+    the two (``probe``). When the mean of the last ``PROBE_WINDOW`` ratios
+    (an even count, at least ``PROBE_MIN``: each order weighs alike) is below
+    ``OVERRULE``, the two swap places and probing starts over. Every rank holds the same arm and
+    the same (rank-maximum) ratios, so all switch on the same call; between
+    switches a call's result is the incumbent's, bit for bit.
+    """
+
+    incumbent: str
+    challenger: str | None
+    calls: int = 0
+    next_probe: int = 0
+    interval: int = 0
+    ratios: list[float] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+    scratch: np.ndarray | None = field(default=None, repr=False)  # the probes' buffer
+
+    def __post_init__(self) -> None:
+        self.history.append(self.incumbent)
+        self._restart()
+
+    def due(self) -> bool:
+        """Count one ``auto`` call of the class; True when it is a probe."""
+        self.calls += 1
+        return self.challenger is not None and self.calls >= self.next_probe
+
+    def record(self, ratio: float) -> None:
+        """One probe's challenger / incumbent time (the slowest rank's each)."""
+        self.ratios.append(min(ratio, RATIO_CLIP))
+        recent = self.ratios[-PROBE_WINDOW:]
+        balanced = len(recent) % 2 == 0  # as many probes of each order
+        if balanced and len(recent) >= PROBE_MIN and float(np.mean(recent)) < OVERRULE:
+            assert self.challenger is not None
+            self.incumbent, self.challenger = self.challenger, self.incumbent
+            self.history.append(self.incumbent)
+            self._restart()
+            return
+        self.interval = min(2 * self.interval, PROBE_MAX_INTERVAL)
+        self.next_probe = self.calls + self.interval
+
+    def describe(self) -> str:
+        """One line for ``explain``: what runs, against what, and the switches so far."""
+        if self.challenger is None:
+            return f"measured: {self.incumbent} runs (the only close candidate)"
+        ratios = ", ".join(f"{r:.2f}" for r in self.ratios) or "none yet"
+        return (f"measured: {self.incumbent} runs ({' -> '.join(self.history)}), probed against "
+                f"{self.challenger} (its time ratios since the last switch: {ratios}; "
+                f"{self.calls} calls, next probe at call {self.next_probe})")
+
+    def _restart(self) -> None:
+        self.ratios = []
+        self.interval = PROBE_FIRST
+        self.next_probe = self.calls + PROBE_FIRST
+
+
+def probe(transport: Transport, arm: Arm, arr: np.ndarray, op: ReduceOp) -> None:
+    """One probe call (see ``Arm``): ``arr`` gets the incumbent's result.
+
+    The incumbent runs on ``arr`` (the user's call) and the challenger on a copy
+    of the input in a buffer the arm keeps (a fresh 4 MiB allocation per probe,
+    and its unmapping, skewed the two timings by up to 2x on these VMs). Who goes
+    first alternates: on a VM whose idle vCPUs halt, the first collective after
+    a pause ran 20-30% slower than the next one, so one fixed order would favour
+    the second.
+    """
+    assert arm.challenger is not None
+    if arm.scratch is None or arm.scratch.nbytes < arr.nbytes:
+        arm.scratch = np.empty(arr.nbytes, dtype=np.uint8)
+    copy = arm.scratch[:arr.nbytes].view(arr.dtype).reshape(arr.shape)
+    np.copyto(copy, arr)
+    runs = [(arm.incumbent, arr), (arm.challenger, copy)]
+    if len(arm.ratios) % 2:
+        runs.reverse()
+    times = np.empty(2, dtype=np.float64)
+    for name, buf in runs:
+        barrier(transport)
+        start = time.perf_counter()
+        allreduce(transport, buf, op, name)
+        times[0 if buf is arr else 1] = time.perf_counter() - start
+    allreduce(transport, times, ReduceOp.MAX, "ring")
+    before = arm.incumbent
+    arm.record(float(times[1] / max(times[0], 1e-12)))
+    if arm.incumbent != before:
+        logger.debug("auto at %s: %s now runs instead of %s (probes %s)", _size(arr.nbytes),
+                     arm.incumbent, before, arm.history)
 
 
 def _debug(what: str, nbytes: int, names: Sequence[str], ratios: Sequence[float]) -> None:

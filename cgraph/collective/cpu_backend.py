@@ -72,11 +72,20 @@ class CpuComm:
         )
         self.calibration: autotune.Calibration | None = None
         self._tuned = False
-        self._trials: dict[int, str] | None = {}  # size class -> measured winner; None: model only
+        self._arms: dict[int, autotune.Arm] | None = {}  # size class -> its arm; None: model only
 
     # ------------------------------------------------------------------ calls
     def allreduce(self, arr: np.ndarray, op: ReduceOp, algorithm: str) -> None:
-        name = self.choose(arr.nbytes) if algorithm == "auto" else algorithm
+        if algorithm == "auto":
+            arm = self._arm(arr.nbytes)
+            if arm is not None and arm.due():
+                with self._call(f"allreduce {_desc(arr)} {op.value} auto probe "
+                                f"{arm.incumbent} {arm.challenger}"):
+                    autotune.probe(self._t, arm, arr, op)
+                return
+            name = self.choose(arr.nbytes) if arm is None else arm.incumbent
+        else:
+            name = algorithm
         if name not in algorithms.ALGORITHMS:
             raise ValueError(
                 f"unknown allreduce algorithm {algorithm!r}; choose 'auto' or one of "
@@ -128,18 +137,30 @@ class CpuComm:
         return None if self.calibration is None else self.calibration.params
 
     def choose(self, nbytes: int) -> str:
-        """The algorithm ``auto`` runs for ``nbytes`` (measures and fits on first use)."""
-        if not self._tuned and self.world_size > 1:
-            self.tune()
+        """The algorithm ``auto`` runs for ``nbytes`` now (measures and fits on first use)."""
+        arm = self._arm(nbytes)
+        if arm is not None:
+            return arm.incumbent
         if self.calibration is None:
             return autotune.FALLBACK
-        if self._trials is None or nbytes < autotune.TRIAL_MIN_BYTES:
-            return self.calibration.choose(nbytes)
-        size_class = max(nbytes - 1, 1).bit_length()  # one trial per power of two
-        if size_class not in self._trials:
+        return self.calibration.choose(nbytes)
+
+    def measured(self, nbytes: int) -> str | None:
+        """What the trial and the probes of ``nbytes``'s size class found (None: no trial yet)."""
+        arm = None if self._arms is None else self._arms.get(_size_class(nbytes))
+        return None if arm is None else arm.describe()
+
+    def _arm(self, nbytes: int) -> autotune.Arm | None:
+        """The size class's trial-settled arm; None where the model alone decides."""
+        if not self._tuned and self.world_size > 1:
+            self.tune()
+        if self.calibration is None or self._arms is None or nbytes < autotune.TRIAL_MIN_BYTES:
+            return None
+        size_class = _size_class(nbytes)
+        if size_class not in self._arms:
             with self._call("autotune trial"):
-                self._trials[size_class] = autotune.trial(self._t, self.calibration, nbytes)
-        return self._trials[size_class]
+                self._arms[size_class] = autotune.trial_arm(self._t, self.calibration, nbytes)
+        return self._arms[size_class]
 
     def tune(self, sizes: Sequence[int] = autotune.FIT_BYTES, repeats: int = autotune.REPEATS) -> None:
         """Measure this group's transport and calibrate the cost model (every rank must call)."""
@@ -150,9 +171,9 @@ class CpuComm:
     def set_params(self, params: CostParams | None) -> None:
         """Use ``params`` (uncalibrated) for ``auto`` instead of measuring; same on every rank!"""
         if params is None:
-            self.calibration, self._tuned, self._trials = None, False, {}
+            self.calibration, self._tuned, self._arms = None, False, {}
             return
-        self._trials = None  # the user's parameters decide: no measured trials
+        self._arms = None  # the user's parameters decide: no measured trials
         rpn = autotune.ranks_per_node(self._t)
         ratios: dict[str, tuple[float, ...]] = {a: (1.0,) for a in cost_model.candidates(rpn)}
         self.calibration = autotune.Calibration(self.world_size, rpn, params, (1,), ratios)
@@ -201,6 +222,11 @@ def connect(membership: object, hooks: Hooks) -> CpuComm:
     nodes = (membership.node,) * spec.world_size  # type: ignore[attr-defined]
     links = FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s)  # type: ignore[attr-defined]
     return CpuComm(_Mesh(links, hooks), links, spec.name)
+
+
+def _size_class(nbytes: int) -> int:
+    """One trial (and one ``Arm``) per power of two of the message size."""
+    return max(nbytes - 1, 1).bit_length()
 
 
 def _desc(arr: np.ndarray) -> str:

@@ -214,11 +214,14 @@ def test_auto_fits_the_group_and_picks_a_valid_algorithm(members):
     name = fresh("auto")
 
     def auto():
-        t = np.full(100_000, col.get_rank(name) + 1.0, dtype=np.float32)
-        col.allreduce(t, name)  # algorithm="auto": measures and fits on first use
+        values = []
+        for _ in range(16):  # a trial on the first call, probes of the runner-up later
+            t = np.full(100_000, col.get_rank(name) + 1.0, dtype=np.float32)
+            col.allreduce(t, name)  # algorithm="auto": measures and fits on first use
+            values.append(float(t.min()) == float(t.max()) == 6.0)
         picks = {n: col.choose_algorithm(n, name) for n in (1 << 10, 1 << 20, 32 << 20)}
         params = col.get_cost_params(name)
-        return float(t[0]), picks, params, col.explain(3, 1 << 20, name)
+        return all(values), picks, params, col.explain(3, 1 << 20, name), col.explain(3, 400_000, name)
 
     try:
         run_all(members[:3], init(3, name), per_rank=lambda i: (i,))
@@ -226,12 +229,16 @@ def test_auto_fits_the_group_and_picks_a_valid_algorithm(members):
     finally:
         destroy_everywhere(members[:3], name)
     first = results[0]
-    for value, picks, params, table in results:
-        assert value == 6.0
+    for correct, picks, params, table, measured in results:
+        assert correct, "every auto call (trial, probes) must leave the sum"
         assert picks == first[1], "every rank must pick the same algorithm"
         assert set(picks.values()) <= set(algorithms.ALGORITHMS)
         assert params == first[2] and params is not None and params.beta >= 0
         assert "<- auto" in table and "reduction_server" in table and "ratio" in table
+        assert "0 calls" in table, "choose_algorithm(1 MiB) ran its class's trial, no call"
+        assert "measured:" in measured and "16 calls" in measured
+        assert measured.split("measured:")[1] == first[4].split("measured:")[1], \
+            "every rank's probes see the same (slowest-rank) ratios"
 
 
 # --------------------------------------------------------------------------- gloo
