@@ -47,16 +47,17 @@ from common import (  # noqa: E402 - needs the path above
     gb_per_s,
     load_average,
     log,
-    measure_cpu_percent,
+    measure_cpu_window,
     memory_available_bytes,
     new_results,
     parse_args,
     percentile,
-    pingpong_round_trips,
+    pingpong_floor,
     ray_session,
     run_section,
     summarize_ns,
     system_busy_percent,
+    thread_breakdown,
     time_calls,
     write_results,
 )
@@ -94,6 +95,9 @@ MAX_INFLIGHT_THROUGHPUT = 4
 OBJECT_STORE_BYTES = 3 << 30
 STEP_TIMEOUT_S = 300.0  # actor start-up or a first execute that takes longer fails
 TEARDOWN_TIMEOUT_S = 60.0
+# The executor loop's thread in an actor, by its name (/proc/<pid>/task/<tid>/comm,
+# 15 characters): Ray names the thread running a task "ray::<task name>".
+LOOP_THREAD = {"cgraph": "ray::cgraph_loo", "ray_cgraph": "ray::Node.__ray"}  # Node.__ray_call__
 
 
 @dataclass(frozen=True)
@@ -324,38 +328,9 @@ def guarded(system: str, gate: CgraphGate, fn: Callable[[], dict[str, Any]]) -> 
 
 
 # ================================================================== sections
-FLOOR_BATCHES = 10
-
-
 def measure_floor(s: Settings) -> dict[str, Any]:
-    """Round trip between two forked processes: pipe and eventfd ping-pong.
-
-    Other work on the two shared cores only ever adds to a wake-up, so the run is
-    cut into batches; the pipe is also timed with both processes pinned to one
-    CPU and to two. The floor the targets use is the cheapest of these: the best
-    batch median of either primitive or the one-CPU median.
-    """
-    out: dict[str, Any] = {"iterations": s.floor_iters, "batches": FLOOR_BATCHES}
-    for kind in ("pipe", "eventfd"):
-        samples = pingpong_round_trips(kind, s.floor_iters, s.floor_iters // 10)
-        step = len(samples) // FLOOR_BATCHES
-        out[kind] = summarize_ns(samples)
-        out[kind]["best_batch_median_us"] = min(
-            percentile(samples[i:i + step], 50) / 1e3 for i in range(0, step * FLOOR_BATCHES, step))
-        log(f"  floor {kind}: median {out[kind]['median_us']:.1f} us, p99 {out[kind]['p99_us']:.1f} us, "
-            f"best batch median {out[kind]['best_batch_median_us']:.1f} us")
-    allowed = sorted(os.sched_getaffinity(0))
-    placements = {"pipe_one_cpu": (allowed[-1], allowed[-1])}
-    if len(allowed) > 1:
-        placements["pipe_two_cpus"] = (allowed[0], allowed[-1])
-    for name, cpus in placements.items():  # where each process runs, made explicit
-        out[name] = summarize_ns(pingpong_round_trips("pipe", s.floor_iters, s.floor_iters // 10, cpus))
-        out[name]["cpus"] = list(cpus)
-        log(f"  floor {name} {cpus}: median {out[name]['median_us']:.1f} us, p99 {out[name]['p99_us']:.1f} us")
-    # the cheapest wake-up seen anywhere: where the scheduler placed the two, or both on one CPU
-    out["floor_round_trip_us"] = min(out["pipe"]["best_batch_median_us"], out["eventfd"]["best_batch_median_us"],
-                                     out["pipe_one_cpu"]["median_us"])
-    return out
+    """The bare wake-up round trip between two forked processes (common.pingpong_floor)."""
+    return pingpong_floor(s.floor_iters)
 
 
 def measure_memcpy(s: Settings) -> dict[str, Any]:
@@ -529,11 +504,11 @@ def _idle_one(system: str, spec: DagSpec, s: Settings) -> dict[str, Any]:
             runner.run(1)
         time.sleep(0.5)  # let anything the executions started settle
         driver = os.getpid()
-        percent = measure_cpu_percent([*pids, driver], s.idle_seconds)
-    actors = [percent["stat"][p] for p in pids]
+        cpu = measure_cpu_window([*pids, driver], s.idle_seconds)
+    actors = [cpu.stat[p] for p in pids]
     return {"actor_percent": actors, "max_actor_percent": max(actors),
-            "actor_percent_schedstat": [percent["schedstat"][p] for p in pids],
-            "driver_percent": percent["stat"][driver]}
+            "actor_percent_schedstat": [cpu.schedstat[p] for p in pids],
+            "driver_percent": cpu.stat[driver], **thread_breakdown(pids, cpu.threads, LOOP_THREAD.get(system))}
 
 
 def measure_compile(s: Settings, gate: CgraphGate) -> dict[str, Any]:
@@ -574,7 +549,6 @@ def _log_system(what: str, system: str, entry: dict[str, Any]) -> None:
             f"(schedstat), driver {entry['driver_percent']:.1f}%")
     elif "median_compile_s" in entry:
         log(f"  {what} {system}: median compile {entry['median_compile_s']:.3f} s")
-
 
 
 # ================================================================== main

@@ -9,10 +9,10 @@ Every script follows one shape, so ``run_all.py`` can drive them all:
     write_results(args.out, "runtime", results, markdown)       # NAME.json + NAME.md
 
 What lives here: the timing loop and percentiles, the pipe/eventfd ping-pong
-floor, the /proc CPU readers (per process and machine-wide), a Ray session that
-always shuts down, a call with a time limit (for anchors that can hang), Markdown
-tables, PASS/MISS verdicts and the results writer. Timings are reported, never
-asserted.
+floor, the /proc CPU readers (per process, per thread and machine-wide), a Ray
+session that always shuts down, a call with a time limit (for anchors that can
+hang), Markdown tables, PASS/MISS verdicts and the results writer. Timings are
+reported, never asserted.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # --quick runs write here unless --out says otherwise, so a smoke run never
@@ -186,6 +187,37 @@ def pingpong_round_trips(kind: str, iterations: int, warmup: int = 0,
     return samples
 
 
+def pingpong_floor(iterations: int, batches: int = 10) -> dict[str, Any]:
+    """Round trip between two forked processes: pipe and eventfd ping-pong.
+
+    Other work on shared cores only ever adds to a wake-up, so the run is cut into
+    ``batches``; the pipe is also timed with both processes pinned to one CPU and to
+    two. ``floor_round_trip_us`` is the cheapest of these: the best batch median of
+    either primitive or the one-CPU median. Fork before starting threads.
+    """
+    out: dict[str, Any] = {"iterations": iterations, "batches": batches}
+    for kind in ("pipe", "eventfd"):
+        samples = pingpong_round_trips(kind, iterations, iterations // 10)
+        step = len(samples) // batches
+        out[kind] = summarize_ns(samples)
+        out[kind]["best_batch_median_us"] = min(
+            percentile(samples[i:i + step], 50) / 1e3 for i in range(0, step * batches, step))
+        log(f"  floor {kind}: median {out[kind]['median_us']:.1f} us, p99 {out[kind]['p99_us']:.1f} us, "
+            f"best batch median {out[kind]['best_batch_median_us']:.1f} us")
+    allowed = sorted(os.sched_getaffinity(0))
+    placements = {"pipe_one_cpu": (allowed[-1], allowed[-1])}
+    if len(allowed) > 1:
+        placements["pipe_two_cpus"] = (allowed[0], allowed[-1])
+    for name, cpus in placements.items():  # where each process runs, made explicit
+        out[name] = summarize_ns(pingpong_round_trips("pipe", iterations, iterations // 10, cpus))
+        out[name]["cpus"] = list(cpus)
+        log(f"  floor {name} {cpus}: median {out[name]['median_us']:.1f} us, p99 {out[name]['p99_us']:.1f} us")
+    # the cheapest wake-up seen anywhere: where the scheduler placed the two, or both on one CPU
+    out["floor_round_trip_us"] = min(out["pipe"]["best_batch_median_us"], out["eventfd"]["best_batch_median_us"],
+                                     out["pipe_one_cpu"]["median_us"])
+    return out
+
+
 # ---------------------------------------------------------------- CPU of processes
 def process_cpu_seconds(pid: int) -> float:
     """utime + stime of a process from /proc/<pid>/stat, in seconds (all its threads).
@@ -218,14 +250,119 @@ def measure_cpu_percent(pids: Sequence[int], seconds: float) -> dict[str, dict[i
     Returns ``{"stat": {pid: %}, "schedstat": {pid: %}}``: the same window read both
     ways (ticks from /proc/<pid>/stat; ns from the threads' schedstat).
     """
-    readers = {"stat": process_cpu_seconds, "schedstat": process_cpu_seconds_fine}
+    window = measure_cpu_window(pids, seconds)
+    return {"stat": window.stat, "schedstat": window.schedstat}
+
+
+# ---------------------------------------------------------------- CPU of threads
+class ThreadSample(NamedTuple):
+    """One thread read once: its name, ns on CPU (schedstat), voluntary context switches."""
+
+    comm: str
+    run_ns: int
+    voluntary_switches: int
+
+
+@dataclass(frozen=True)
+class ThreadCpu:
+    """One thread over a window: % of a core, and wake-ups per second (voluntary
+    context switches: each is the thread going to sleep, so one wake-up later)."""
+
+    tid: int
+    name: str
+    percent: float
+    wakeups_per_s: float
+
+
+@dataclass(frozen=True)
+class CpuWindow:
+    """``measure_cpu_window``: per pid, % of a core (stat ticks, schedstat ns) and per thread."""
+
+    seconds: float
+    stat: dict[int, float]
+    schedstat: dict[int, float]
+    threads: dict[int, list[ThreadCpu]]  # busiest first
+
+
+def thread_samples(pid: int) -> dict[int, ThreadSample]:
+    """Each live thread of ``pid`` by tid; a thread that exits while it is read is left
+    out, and a process that has exited gives {}."""
+    try:
+        tids = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+    except (FileNotFoundError, ProcessLookupError):
+        return {}
+    out: dict[int, ThreadSample] = {}
+    for tid in tids:
+        base = Path(f"/proc/{pid}/task/{tid}")
+        try:
+            comm = (base / "comm").read_text().strip()
+            run_ns = int((base / "schedstat").read_text().split()[0])
+            status = (base / "status").read_text()
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue  # the thread exited meanwhile
+        switches = next((int(line.split()[1]) for line in status.splitlines()
+                         if line.startswith("voluntary_ctxt_switches:")), 0)
+        out[tid] = ThreadSample(comm, run_ns, switches)
+    return out
+
+
+def measure_cpu_window(pids: Sequence[int], seconds: float) -> CpuWindow:
+    """CPU of each process over one window of ``seconds``, read three ways at the same
+    instants: stat ticks, the sum of its threads' schedstat ns, and per thread.
+
+    A thread counts when alive at the end (one born inside the window from zero); one
+    that exited inside it is missing from both the per-thread and the schedstat sum.
+    """
+    def read() -> dict[int, tuple[float, dict[int, ThreadSample]]]:  # raises if a process has exited
+        return {pid: (process_cpu_seconds(pid), thread_samples(pid)) for pid in pids}
+
     start_wall = time.monotonic()
-    before = {name: {pid: read(pid) for pid in pids} for name, read in readers.items()}
+    before = read()
     time.sleep(seconds)
-    after = {name: {pid: read(pid) for pid in pids} for name, read in readers.items()}
+    after = read()
     wall = time.monotonic() - start_wall
-    return {name: {pid: 100.0 * (after[name][pid] - before[name][pid]) / wall for pid in pids}
-            for name in readers}
+    zero = ThreadSample("", 0, 0)
+    stat, schedstat, threads = {}, {}, {}
+    for pid in pids:
+        (t0, th0), (t1, th1) = before[pid], after[pid]
+        stat[pid] = 100.0 * (t1 - t0) / wall
+        run_ns = sum(t.run_ns for t in th1.values()) - sum(t.run_ns for t in th0.values())
+        schedstat[pid] = 100.0 * run_ns / 1e9 / wall
+        rows = [ThreadCpu(tid, s.comm, 100.0 * (s.run_ns - th0.get(tid, zero).run_ns) / 1e9 / wall,
+                          (s.voluntary_switches - th0.get(tid, zero).voluntary_switches) / wall)
+                for tid, s in th1.items()]
+        threads[pid] = sorted(rows, key=lambda r: r.percent, reverse=True)
+    return CpuWindow(wall, stat, schedstat, threads)
+
+
+def thread_breakdown(pids: Sequence[int], threads: dict[int, list[ThreadCpu]], loop_prefix: str | None,
+                     top: int = 3) -> dict[str, Any]:
+    """Each process's threads split three ways, one list entry per pid:
+
+    - the main thread (tid == pid): in a Ray actor, the core worker's task loop,
+      which checks for Python signals every 10 ms;
+    - the loop thread(s): comm starting with ``loop_prefix`` (None: none named, and
+      None also where no thread matched);
+    - every other thread (gRPC pollers, Ray's io and timer threads, ...).
+
+    ``top_threads``: the ``top`` busiest threads of each, [name, %, wake-ups/s].
+    """
+    def total(ts: list[ThreadCpu], wakeups: bool = False) -> float | None:
+        return round(sum(t.wakeups_per_s if wakeups else t.percent for t in ts), 1 if wakeups else 4) if ts else None
+
+    out: dict[str, list[Any]] = {}
+    for pid in pids:
+        rows = threads.get(pid, [])
+        main = [t for t in rows if t.tid == pid]
+        loop = [t for t in rows if t.tid != pid and loop_prefix and t.name.startswith(loop_prefix)]
+        other = [t for t in rows if t not in main and t not in loop]
+        for key, value in (("main_thread_percent", total(main)), ("main_thread_wakeups_per_s", total(main, True)),
+                           ("loop_thread_percent", total(loop)), ("loop_thread_wakeups_per_s", total(loop, True)),
+                           ("other_threads_percent", total(other) or 0.0),
+                           ("top_threads", [[t.name, round(t.percent, 4), round(t.wakeups_per_s, 1)]
+                                            for t in rows[:top]])):
+            out.setdefault(key, []).append(value)
+    return {"loop_thread_prefix": loop_prefix, **out}
 
 
 def system_busy_percent(seconds: float) -> float:

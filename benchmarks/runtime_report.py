@@ -64,7 +64,15 @@ DEFINITIONS = """\
     idle_cpu    % of a core used by each actor of a compiled chain3 that waits
                 for input: utime+stime from /proc/<pid>/stat (pids from
                 actor.getpid before compiling), and the same from
-                /proc/<pid>/task/*/schedstat (ns resolution)
+                /proc/<pid>/task/*/schedstat (ns resolution). Per thread, in the
+                same window: schedstat ns and voluntary context switches
+                (wake-ups) of /proc/<pid>/task/<tid>, split into the main thread
+                (tid == pid), the graph's executor loop thread (by name: cgraph
+                "ray::cgraph_loo...", Ray CG "ray::Node.__ray..." = __ray_call__)
+                and all others. Every Ray actor's main thread wakes every 10 ms
+                (Ray's core worker checks for Python signals, taking the GIL):
+                that costs most of what the plain Ray row shows, so no Ray
+                actor's process-level idle CPU can go below plain Ray's
     compile     compile of chain3 on 3 existing actors that imported torch;
                 median of several compile / first execute / teardown cycles
 
@@ -94,18 +102,35 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for dag, entry in (ok_entry(sec.get("latency")) or {}).get("dags", {}).items():
         rows += _latency_targets(dag, entry["systems"], floor_rt)
     rows.append(_throughput_target(ok_entry(sec.get("throughput")), ok_entry(sec.get("memcpy"))))
-    idle = (ok_entry(sec.get("idle_cpu")) or {}).get("systems", {})
-    cg, anchor = ok_entry(idle.get("cgraph")), ok_entry(idle.get("ray_cgraph"))
-    rows.append(_target("idle actor CPU", "< 1% of a core (max over actors)",
-                        fmt(cg and cg["max_actor_percent"], 2, "%"),
-                        f"Ray CG {fmt(anchor and anchor['max_actor_percent'], 1, '%')}",
-                        cg and cg["max_actor_percent"] < 1.0))
+    rows += _idle_targets((ok_entry(sec.get("idle_cpu")) or {}).get("systems", {}))
     comp = (ok_entry(sec.get("compile")) or {}).get("systems", {})
     cg, anchor = ok_entry(comp.get("cgraph")), ok_entry(comp.get("ray_cgraph"))
     rows.append(_target("compile chain3", "< 1 s (median)", fmt(cg and cg["median_compile_s"], 3, "s"),
                         f"Ray CG {fmt(anchor and anchor['median_compile_s'], 3, 's')}",
                         cg and cg["median_compile_s"] < 1.0))
     return rows
+
+
+def _idle_targets(idle: dict[str, Any]) -> list[dict[str, Any]]:
+    """Idle CPU per actor process, and of the graph's executor thread alone (when recorded)."""
+    cg, anchor = ok_entry(idle.get("cgraph")), ok_entry(idle.get("ray_cgraph"))
+    rows = [_target("idle actor CPU", "< 1% of a core (max over actors, schedstat)",
+                    fmt(cg and max(cg["actor_percent_schedstat"]), 2, "%"),
+                    f"Ray CG {fmt(anchor and max(anchor['actor_percent_schedstat']), 1, '%')}",
+                    cg and max(cg["actor_percent_schedstat"]) < 1.0)]
+    if cg and "loop_thread_percent" not in cg:
+        return rows  # a results file from before per-thread CPU was recorded
+    loop, anchor_loop = max_loop_thread(cg), max_loop_thread(anchor)
+    rows.append(_target("idle CPU of the graph's executor thread", "< 1% of a core (max over actors)",
+                        fmt(loop, 2, "%"), f"Ray CG {fmt(anchor_loop, 1, '%')}",
+                        None if loop is None else loop < 1.0))
+    return rows
+
+
+def max_loop_thread(entry: dict[str, Any] | None) -> float | None:
+    """The busiest actor's executor loop thread, % of a core; None when not identified."""
+    found = [p for p in (entry or {}).get("loop_thread_percent") or [] if p is not None]
+    return max(found) if found else None
 
 
 def _latency_targets(dag: str, systems: dict[str, Any], floor_rt: float | None) -> list[dict[str, Any]]:
@@ -294,19 +319,40 @@ def _placement_note(sec: dict[str, Any]) -> str:
                    "table), and `cpu_affinity=\"colocate\"` puts cgraph's processes on one CPU.")
 
 
+IDLE_HEADERS = ["system", "each actor (stat)", "max actor (stat)", "each actor (schedstat)", "driver (stat)"]
+THREAD_HEADERS = ["main thread (Ray's 10 ms CheckSignal timer)", "main thread wake-ups/s",
+                  "graph's loop thread", "other threads"]
+
+
 def _md_idle(sec: dict[str, Any]) -> str:
     if status := status_note(sec, "idle_cpu"):
         return status
+    systems = sec["idle_cpu"]["systems"]
+    threads = any("main_thread_percent" in e for e in systems.values())  # absent in older results
+
+    def each(values: list[Any] | None, digits: int = 2, unit: str = "%") -> str:
+        return ", ".join(fmt(v, digits, unit) for v in values) if values else "-"
 
     def cells(r: dict[str, Any]) -> list[list[str]]:
-        return [[", ".join(fmt(p, 1, "%") for p in r["actor_percent"]), fmt(r["max_actor_percent"], 1, "%"),
-                 ", ".join(fmt(p, 2, "%") for p in r["actor_percent_schedstat"]), fmt(r["driver_percent"], 1, "%")]]
+        row = [each(r["actor_percent"], 1), fmt(r["max_actor_percent"], 1, "%"),
+               each(r["actor_percent_schedstat"]), fmt(r["driver_percent"], 1, "%")]
+        if threads:
+            row += [each(r.get("main_thread_percent")), each(r.get("main_thread_wakeups_per_s"), 0, ""),
+                    each(r.get("loop_thread_percent")), each(r.get("other_threads_percent"))]
+        return [row]
 
-    rows = system_rows([], sec["idle_cpu"]["systems"], LABELS, 5, cells)
-    return (f"% of one core over {sec['idle_cpu']['idle_seconds']:g} s after 20 executions (plain Ray: the "
-            "same actors, nothing compiled). /proc/<pid>/stat counts 10 ms ticks.\n\n"
-            + markdown_table(["system", "each actor (stat)", "max actor (stat)", "each actor (schedstat)",
-                              "driver (stat)"], rows))
+    headers = IDLE_HEADERS + (THREAD_HEADERS if threads else [])
+    rows = system_rows([], systems, LABELS, len(headers), cells)
+    text = (f"% of one core over {sec['idle_cpu']['idle_seconds']:g} s after 20 executions (plain Ray: the "
+            "same actors, nothing compiled). /proc/<pid>/stat counts 10 ms ticks (charged to whatever runs "
+            "at the tick), schedstat the nanoseconds each thread ran: the target uses schedstat"
+            + ("; the thread columns use schedstat ns, one value per actor" if threads else "") + ".\n\n"
+            + markdown_table(headers, rows))
+    if threads:
+        text += "\n\nBusiest threads of the first actor (name, % of a core, wake-ups/s): " + "; ".join(
+            f"{LABELS.get(system, system)}: " + ", ".join(f"{n} {p:.2f}% {w:.0f}/s" for n, p, w in e["top_threads"][0])
+            for system, e in systems.items() if ok_entry(e) and e.get("top_threads")) + "."
+    return text
 
 
 def _md_compile(sec: dict[str, Any]) -> str:
@@ -335,11 +381,28 @@ def _notes(results: dict[str, Any]) -> list[str]:
                      f"({ray_tput['teardown_s']:.1f} s).")
     if tput:
         notes += _throughput_notes(tput, results["host"].get("cpu_count"))
-    plain = ok_entry((ok_entry(sec.get("idle_cpu")) or {}).get("systems", {}).get("ray_plain"))
+    idle = (ok_entry(sec.get("idle_cpu")) or {}).get("systems", {})
+    plain = ok_entry(idle.get("ray_plain"))
     if plain:
         notes.append(f"For scale: an idle plain Ray actor with nothing compiled uses up to "
                      f"{max(plain['actor_percent_schedstat']):.2f}% of a core (Ray's own threads, schedstat).")
+    if plain and plain.get("main_thread_percent"):
+        notes.append(_idle_thread_note(plain, ok_entry(idle.get("cgraph"))))
     return notes
+
+
+def _idle_thread_note(plain: dict[str, Any], cg: dict[str, Any] | None) -> str:
+    main = [p for p in plain["main_thread_percent"] if p is not None]
+    wakes = [w for w in plain["main_thread_wakeups_per_s"] if w is not None]
+    note = (f"Every Ray actor's main thread wakes every 10 ms (Ray's core worker checks for Python signals, "
+            f"taking the GIL): in the plain Ray actors it used up to {max(main):.2f}% of a core (of their "
+            f"{max(plain['actor_percent_schedstat']):.2f}% in all) at {min(wakes):.0f}-{max(wakes):.0f} "
+            "wake-ups/s, and it runs in every Ray actor, so no Ray actor's process-level idle CPU can go "
+            "below plain Ray's.")
+    loop = max_loop_thread(cg)
+    if loop is not None:
+        note += f" cgraph's own executor thread adds at most {loop:.2f}% of a core."
+    return note
 
 
 def _throughput_notes(tput: dict[str, Any], cores: int | None) -> list[str]:
