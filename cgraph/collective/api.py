@@ -237,13 +237,14 @@ def explain(world_size: int, nbytes: int, group_name: str | None = None,
     algorithm that runs, its challenger, the switches so far). Otherwise the
     plain cost model with ``params`` (or ``DEFAULT_PARAMS``).
     """
-    calibration = comm = None
+    calibration, measured = None, None
     if params is None and group_name is not None:
         comm = groups.lookup(group_name).comm
         calibration = getattr(comm, "calibration", None)
+        measured = getattr(comm, "measured", None)  # the cpu backend's trial and probes
     if calibration is not None and calibration.world_size == world_size:
-        measured = comm.measured(nbytes) if hasattr(comm, "measured") else None
-        return calibration.explain(nbytes) + (f"\n{measured}" if measured else "")
+        line = measured(nbytes) if measured is not None else None
+        return str(calibration.explain(nbytes)) + (f"\n{line}" if line else "")
     if calibration is not None:
         params = calibration.params
     return cost_model.explain(world_size, nbytes, params or DEFAULT_PARAMS,

@@ -79,12 +79,12 @@ PROBE_FIRST = 8
 """A size class's first probe (see ``Arm``) is its ``PROBE_FIRST``-th call after the trial
 (or after a switch); the gap to the next doubles after each probe, up to..."""
 PROBE_MAX_INTERVAL = 256
-"""...one probe every this many calls (a probe costs about one more call: under 0.5%)."""
+"""...one probe every this many calls (a probe costs about 1.5 calls: 0.6% then)."""
 PROBE_MIN = 4
 """Fewest probes before the challenger can take over (even: each order as often)."""
 PROBE_WINDOW = 6
-"""The challenger takes over when the mean of the last this many probe ratios (even: each
-order as often), after an even number of probes, is below OVERRULE."""
+"""The challenger takes over when the mean of the last this many probe ratios is below
+OVERRULE (checked over an even count, so that each order weighs alike)."""
 DEFAULT_PARAMS = CostParams(alpha=2e-5, beta=2e-10, gamma=2e-10)
 """Shared parameters when the samples cannot be fitted (the ratios still calibrate)."""
 
@@ -298,11 +298,11 @@ class Arm:
     double up to ``PROBE_MAX_INTERVAL``) a call is a *probe*: it runs the incumbent
     on the user's tensor as usual and the challenger on a copy of the input, back
     to back in alternating order, and records the slowest rank's time ratio of
-    the two (``probe``). When the mean of the last ``PROBE_WINDOW`` ratios
-    (an even count, at least ``PROBE_MIN``: each order weighs alike) is below
-    ``OVERRULE``, the two swap places and probing starts over. Every rank holds the same arm and
-    the same (rank-maximum) ratios, so all switch on the same call; between
-    switches a call's result is the incumbent's, bit for bit.
+    the two (``probe``). When the mean of the last ``PROBE_WINDOW`` ratios (an
+    even count, at least ``PROBE_MIN``: each order weighs alike) is below
+    ``OVERRULE``, the two swap places and probing starts over. Every rank holds
+    the same arm and the same (rank-maximum) ratios, so all switch on the same
+    call; between switches a call's result is the incumbent's, bit for bit.
     """
 
     incumbent: str

@@ -106,7 +106,7 @@ def _probe_calls(arm: autotune.Arm, calls: int, ratio: float) -> list[int]:
 def test_probes_come_after_doubling_gaps_up_to_the_cap() -> None:
     arm = autotune.Arm("ring", "chain")
     probes = _probe_calls(arm, 2000, 1.0)
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     assert probes[0] == autotune.PROBE_FIRST
     assert gaps[:4] == [2 * autotune.PROBE_FIRST, 4 * autotune.PROBE_FIRST,
                         8 * autotune.PROBE_FIRST, 16 * autotune.PROBE_FIRST]
