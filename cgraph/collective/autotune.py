@@ -74,7 +74,7 @@ TRIAL_REPEATS = 3
 """Fewest timed rounds over the candidates in a trial (after one warm-up round)."""
 TRIAL_MAX_REPEATS = 15
 """Most timed rounds: cheap sizes get more, since close candidates need them to separate."""
-TRIAL_BUDGET_S = 0.3
+TRIAL_BUDGET_S = 1.0
 """Predicted time a trial's timed rounds aim at, which sets their number between the two."""
 PROBE_FIRST = 8
 """A size class's first probe (see ``Arm``) is its ``PROBE_FIRST``-th call after the trial
