@@ -9,7 +9,7 @@ import pytest
 
 from cgraph.runtime import executor
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.runtime.program import ARG_CONST, ARG_VALUE, ActorProgram, ComputeSpec
+from cgraph.runtime.program import ARG_CONST, ARG_INPUT, ARG_VALUE, ActorProgram, ComputeSpec
 from cgraph.scheduler.ops import Op, OpKind
 
 
@@ -104,8 +104,38 @@ def test_a_pending_argument_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> No
     assert written == [42]
 
 
-def test_constants_fall_back_to_the_general_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_constants_take_the_fast_step(monkeypatch: pytest.MonkeyPatch) -> None:
     written, _, steps = _run("add", [(1, None)], spec_args=((ARG_VALUE, "x"), (ARG_CONST, 5)),
                              monkeypatch=monkeypatch)
-    assert written == [6]
-    assert steps[2] is None, "a constant argument takes the general COMPUTE handler"
+    assert written == [6] and steps[2] is not None
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (((ARG_INPUT, None), (ARG_CONST, 1)), 6),  # the whole input: execute's only argument
+    (((ARG_INPUT, 1), (ARG_INPUT, "k")), 9),  # inp[1] and inp.k
+])
+def test_execute_arguments_reach_the_method(args: Any, expected: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    readers = {"n0": _Reader([((5, 7), {"k": 2})])}
+    writer = _Writer()
+    monkeypatch.setattr(executor, "open_reader", lambda h: readers[h])
+    monkeypatch.setattr(executor, "open_writer", lambda h: writer)
+    ops = (Op("a", OpKind.READ, "n0"), Op("a", OpKind.COMPUTE, "z"), Op("a", OpKind.WRITE, "z"))
+    program = ActorProgram("a", "a (Actor)", "t", ops, {"z": ComputeSpec("z", "add", args, ())},
+                           {"n0": "n0"}, {"z": ("z",)}, input_node="n0")
+    ctx = executor.Context(_Actor(), program)
+    steps = [executor.fast_step(op, ctx) for op in ops]
+    assert all(step is not None for step in steps)
+    for step in steps:
+        step()  # type: ignore[misc]
+    assert writer.written == [expected]
+
+
+def test_keyword_arguments_take_the_general_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+    readers = {"x": _Reader([1])}
+    monkeypatch.setattr(executor, "open_reader", lambda h: readers[h])
+    monkeypatch.setattr(executor, "open_writer", lambda h: _Writer())
+    op = Op("a", OpKind.COMPUTE, "z")
+    spec = ComputeSpec("z", "add", ((ARG_VALUE, "x"),), (("b", (ARG_CONST, 2)),))
+    program = ActorProgram("a", "a (Actor)", "t", (op,), {"z": spec}, {"x": "x"}, {"z": ("z",)})
+    assert executor.fast_step(op, executor.Context(_Actor(), program)) is None
