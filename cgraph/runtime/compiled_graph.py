@@ -140,6 +140,10 @@ class CompiledGraph:
         self._unread: dict[int, int] = {}  # multi-output: outputs not yet read or dropped
         self._inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._keeps_inputs = any(kind == "input" for kind, _ in endpoints.output_spec)
+        # one output, a node's value: get() reads it straight from its channel (_get_single)
+        self._single = (next(iter(endpoints.output_readers.values()))
+                        if not multi_output and len(endpoints.output_readers) == 1
+                        and [k for k, _ in endpoints.output_spec] == ["node"] else None)
         self._monitor: Any = None
         _LIVE.add(self)
 
@@ -334,6 +338,8 @@ class CompiledGraph:
                 if self._torn_down:
                     raise with_compat(GraphTornDownError(
                         "the compiled graph was torn down before this result was read"))
+                if self._single is not None and index == self._next_read and not self._partial:
+                    return self._get_single(index, deadline)
                 try:
                     while self._next_read <= index:
                         self._read_next(deadline, want=index)
@@ -348,6 +354,27 @@ class CompiledGraph:
             if type(value) is ErrorValue:
                 raise value.to_exception()
             return value
+
+    def _get_single(self, index: int, deadline: float | None) -> Any:
+        """``_get_result`` of the next execution of a one-output graph, without the
+        bookkeeping of several outputs (most calls: execute, then get)."""
+        reader = self._single
+        try:
+            value = reader.read(timeout=_remaining(deadline))
+        except ChannelTimeoutError:
+            raise self._timeout_error(index) from None
+        except ChannelClosedError:
+            raise self._closed_error() from None
+        reader.release()
+        self._next_read += 1
+        if type(value) is ErrorValue:
+            raise value.to_exception()
+        return value
+
+    def _timeout_error(self, index: int) -> Exception:
+        return with_compat(TimeoutError(
+            f"execution {index} did not finish in time; the graph is still usable "
+            "and the result can be read again"))
 
     def _output_done(self, index: int) -> bool:
         """One output of a multi-output execution is read or dropped; True when it was
@@ -398,9 +425,7 @@ class CompiledGraph:
                     raise _EarlyError(value)
             pending = [(n, r) for n, r in pending if n not in self._partial]
             if pending and deadline is not None and time.monotonic() >= deadline:
-                raise with_compat(TimeoutError(
-                    f"execution {index} did not finish in time; the graph is still usable "
-                    "and the result can be read again"))
+                raise self._timeout_error(index)
         self._store(index)
 
     def _store(self, index: int) -> None:

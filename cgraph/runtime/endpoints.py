@@ -8,6 +8,8 @@ actor creates them on first use, keyed by graph tag and channel id.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
@@ -153,15 +155,12 @@ class CopyingReader:
 
     def __init__(self, reader: Any) -> None:
         self._reader = reader
-        self._copy = isinstance(reader, ShmReader)
-
-    def read(self, timeout: float | None = None) -> Any:
-        if self._copy:
-            return self._reader.read(timeout, copy=True)
-        return self._reader.read(timeout)  # in-process values are never views of a slot
-
-    def release(self) -> None:
-        self._reader.release()
+        # the reader's own methods, bound once: one Python frame less per read and release
+        if isinstance(reader, ShmReader):
+            self.read: Callable[..., Any] = functools.partial(reader.read, copy=True)
+        else:
+            self.read = reader.read  # in-process values are never views of a slot
+        self.release: Callable[[], None] = reader.release
 
     def close(self) -> None:
         self._reader.close()
