@@ -223,7 +223,7 @@ def process_cpu_seconds(pid: int) -> float:
     """utime + stime of a process from /proc/<pid>/stat, in seconds (all its threads).
 
     The kernel counts these in clock ticks (10 ms at the usual 100 Hz), so over 3 s
-    one tick is 0.33% of a core; ``process_cpu_seconds_fine`` has ns resolution.
+    one tick is 0.33% of a core; ``thread_samples`` has ns resolution.
     """
     stat = Path(f"/proc/{pid}/stat").read_text()
     # The command name (field 2) may hold spaces or ')'; the fields after the last ')'
@@ -231,27 +231,6 @@ def process_cpu_seconds(pid: int) -> float:
     fields = stat.rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_seconds_fine(pid: int) -> float:
-    """Time on CPU of all live threads of a process, from /proc/<pid>/task/*/schedstat (ns)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            pass  # the thread exited meanwhile
-    return total / 1e9
-
-
-def measure_cpu_percent(pids: Sequence[int], seconds: float) -> dict[str, dict[int, float]]:
-    """Percent of one core each process used over ``seconds`` of wall time.
-
-    Returns ``{"stat": {pid: %}, "schedstat": {pid: %}}``: the same window read both
-    ways (ticks from /proc/<pid>/stat; ns from the threads' schedstat).
-    """
-    window = measure_cpu_window(pids, seconds)
-    return {"stat": window.stat, "schedstat": window.schedstat}
 
 
 # ---------------------------------------------------------------- CPU of threads

@@ -1,8 +1,7 @@
-"""The executor's specialised steps (``fast_step``) against its general handlers, no Ray."""
+"""The executor's steps (``HANDLERS``: closures built once per loop), no Ray."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import pytest
@@ -48,6 +47,9 @@ class _Actor:
             raise KeyError("boom")
         return a + b
 
+    def pair(self, a: Any, b: Any = 0) -> tuple[Any, Any]:
+        return a, a + b
+
     async def later(self, a: Any, b: Any) -> Any:
         return a * b
 
@@ -67,19 +69,18 @@ def _run(method: str, inputs: list[tuple[Any, Any]], spec_args: Any = None,
                            {"x": "x", "y": "y"}, {"z": ("z",)})
     actor = _Actor()
     ctx = executor.Context(actor, program)
-    steps = [executor.fast_step(op, ctx) for op in ops]
+    steps = [executor.HANDLERS[op.kind](op, ctx) for op in ops]
     for _ in inputs:
-        for op, step in zip(ops, steps, strict=True):
-            (step or partial(executor.HANDLERS[op.kind], op, ctx))()
+        for step in steps:
+            step()
         ctx.end_execution()
     assert readers["x"].released == readers["y"].released == len(inputs)
     return writer.written, actor, steps
 
 
-def test_reads_runs_and_writes_through_the_fast_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    written, actor, steps = _run("add", [(1, 2), (10, 20)], monkeypatch=monkeypatch)
+def test_reads_runs_and_writes_through_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    written, actor, _ = _run("add", [(1, 2), (10, 20)], monkeypatch=monkeypatch)
     assert written == [3, 30] and actor.calls == 2
-    assert all(step is not None for step in steps), "every op of this program has a fast step"
 
 
 def test_a_method_error_and_an_upstream_error_travel_as_error_values(
@@ -104,10 +105,10 @@ def test_a_pending_argument_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> No
     assert written == [42]
 
 
-def test_constants_take_the_fast_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    written, _, steps = _run("add", [(1, None)], spec_args=((ARG_VALUE, "x"), (ARG_CONST, 5)),
-                             monkeypatch=monkeypatch)
-    assert written == [6] and steps[2] is not None
+def test_constants_reach_the_method(monkeypatch: pytest.MonkeyPatch) -> None:
+    written, _, _ = _run("add", [(1, None)], spec_args=((ARG_VALUE, "x"), (ARG_CONST, 5)),
+                         monkeypatch=monkeypatch)
+    assert written == [6]
 
 
 @pytest.mark.parametrize(("args", "expected"), [
@@ -124,18 +125,21 @@ def test_execute_arguments_reach_the_method(args: Any, expected: int,
     program = ActorProgram("a", "a (Actor)", "t", ops, {"z": ComputeSpec("z", "add", args, ())},
                            {"n0": "n0"}, {"z": ("z",)}, input_node="n0")
     ctx = executor.Context(_Actor(), program)
-    steps = [executor.fast_step(op, ctx) for op in ops]
-    assert all(step is not None for step in steps)
-    for step in steps:
-        step()  # type: ignore[misc]
+    for op in ops:
+        executor.HANDLERS[op.kind](op, ctx)()
     assert writer.written == [expected]
 
 
-def test_keyword_arguments_take_the_general_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_keyword_arguments_and_several_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     readers = {"x": _Reader([1])}
+    writer = _Writer()
     monkeypatch.setattr(executor, "open_reader", lambda h: readers[h])
-    monkeypatch.setattr(executor, "open_writer", lambda h: _Writer())
-    op = Op("a", OpKind.COMPUTE, "z")
-    spec = ComputeSpec("z", "add", ((ARG_VALUE, "x"),), (("b", (ARG_CONST, 2)),))
-    program = ActorProgram("a", "a (Actor)", "t", (op,), {"z": spec}, {"x": "x"}, {"z": ("z",)})
-    assert executor.fast_step(op, executor.Context(_Actor(), program)) is None
+    monkeypatch.setattr(executor, "open_writer", lambda h: writer)
+    ops = (Op("a", OpKind.READ, "x"), Op("a", OpKind.COMPUTE, "z"), Op("a", OpKind.WRITE, "z1"))
+    spec = ComputeSpec("z", "pair", ((ARG_VALUE, "x"),), (("b", (ARG_CONST, 2)),),
+                       num_returns=2, items=("z0", "z1"))
+    program = ActorProgram("a", "a (Actor)", "t", ops, {"z": spec}, {"x": "x"}, {"z1": ("z1",)})
+    ctx = executor.Context(_Actor(), program)
+    for op in ops:
+        executor.HANDLERS[op.kind](op, ctx)()
+    assert ctx.values["z0"] == 1 and writer.written == [3], "b=2 reached the method; item 1 written"
