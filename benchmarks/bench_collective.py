@@ -55,7 +55,12 @@ ENTRIES = (*ALGORITHMS, "auto", "gloo")
 AUTO_SLACK = 1.10
 """auto within 10% of the best algorithm. Per round, two entries running the same
 algorithm scatter from 0.7x to 1.4x of each other on the shared 2-core machine, so the
-median over 12 rounds still moved by ~10% (the threshold itself); 24 rounds cut that to ~7%."""
+median over 12 rounds still moved by ~10% (the threshold itself); 24 rounds cut that to ~7%.
+Where a round is cheap (small sizes, small groups) a point runs more rounds, up to
+MAX_ROUNDS within POINT_BUDGET_S: those points are the closest calls (every algorithm
+within ~20% of the others) and the noisiest (a millisecond per call)."""
+MAX_ROUNDS = 96
+POINT_BUDGET_S = 20.0
 
 
 def settings(quick: bool) -> dict[str, Any]:
@@ -63,6 +68,8 @@ def settings(quick: bool) -> dict[str, Any]:
         "sizes_elems": [MI] if quick else [MI, 4 * MI, 8 * MI],
         "world_sizes": [2, 4] if quick else list(WORLD_SIZES),
         "repeats": 2 if quick else 24,  # rounds over all entries (interleaved; see AUTO_SLACK)
+        "max_repeats": 2 if quick else MAX_ROUNDS,  # more while the point is under its budget
+        "point_budget_s": POINT_BUDGET_S,
         "iters": 2 if quick else 3,  # back-to-back timed calls per round, after a warm-up
         "dtype": "float32",
     }
@@ -158,7 +165,7 @@ def measure_world(p: int, s: dict[str, Any]) -> dict[str, Any]:
         tuned = ray.get([m.tune.remote() for m in members])[0]
         cal = tuned["calibration"]
         log(f"p={p}: tuned in {tuned['seconds']:.2f}s: {cal.params}")
-        points = [measure_point(members, p, n, s["repeats"], s["iters"], cal) for n in s["sizes_elems"]]
+        points = [measure_point(members, p, n, s, cal) for n in s["sizes_elems"]]
         ray.get([m.close.remote() for m in members])
     finally:
         for m in members:
@@ -168,8 +175,9 @@ def measure_world(p: int, s: dict[str, Any]) -> dict[str, Any]:
             "tune_seconds": tuned["seconds"], "points": points}
 
 
-def measure_point(members: list[Any], p: int, nelem: int, repeats: int, iters: int,
-                  cal: Any) -> dict[str, Any]:
+def measure_point(members: list[Any], p: int, nelem: int, s: dict[str, Any], cal: Any) -> dict[str, Any]:
+    """Rounds over every entry: at least ``repeats``, more (up to ``max_repeats``) while
+    the point has used less than ``point_budget_s``."""
     import numpy as np
     import ray
 
@@ -180,7 +188,8 @@ def measure_point(members: list[Any], p: int, nelem: int, repeats: int, iters: i
     times: dict[str, list[float]] = {e: [] for e in ENTRIES}
     errors: dict[str, float] = {}
     history: list[str] = []  # auto's algorithm after each round, when it changed
-    for rep in range(repeats):
+    iters, start, rep = s["iters"], time.monotonic(), 0
+    while rep < s["repeats"] or (rep < s["max_repeats"] and time.monotonic() - start < s["point_budget_s"]):
         for entry in ENTRIES[rep % len(ENTRIES):] + ENTRIES[:rep % len(ENTRIES)]:  # rotated
             out = ray.get([m.timed.remote(entry, iters, rep == 0) for m in members], timeout=600)
             times[entry] += [max(per_rank) for per_rank in zip(*(o[0] for o in out), strict=True)]
@@ -188,12 +197,14 @@ def measure_point(members: list[Any], p: int, nelem: int, repeats: int, iters: i
                 errors[entry] = max(o[1] for o in out)
             if entry == "auto" and out[0][2] not in history[-1:]:
                 history.append(out[0][2])
+        rep += 1
     del ref
     picked = history[-1]
     result = summarize_point(nelem, times, errors, picked, cal)
     result["auto_history"] = history
     result["auto_measured"] = ray.get(members[0].auto_state.remote())
     result["auto_paired"] = paired_ratio(times["auto"], times[result["best"]], iters)
+    result["rounds"] = rep
     log(f"p={p} n={nelem // MI}Mi: best {result['best']} {result['best_ms']:.1f} ms, auto->{picked} "
         f"{result['auto_ms']:.1f} ms, gloo {result['gloo_ms']:.1f} ms")
     return result
@@ -267,8 +278,11 @@ def _auto_label(point: dict[str, Any]) -> str:
 def render_markdown(results: dict[str, Any]) -> str:
     out = ["# Allreduce on CPU actors: cgraph's algorithms vs gloo", "",
            f"`{results['command']}` on {results['host']['cpu_count']} cores "
-           f"({results['host']['cpu_model']}), {results['settings']['repeats']} rounds x "
-           f"{results['settings']['iters']} calls per entry, median of the slowest rank's time. "
+           f"({results['host']['cpu_model']}), {results['settings']['repeats']} rounds or more x "
+           f"{results['settings']['iters']} calls per entry (cheap points run up to "
+           f"{results['settings'].get('max_repeats')} rounds within "
+           f"{results['settings'].get('point_budget_s')} s; each table says how many), "
+           "median of the slowest rank's time. "
            "pred = what `auto` compares: the cost model with the parameters fitted for the "
            "group by `cgraph.collective.tune`, times the algorithm's measured/model ratio "
            "(docs/collective.md); err = largest |result - float64 sum| (inputs in [0, 1)). "
@@ -303,6 +317,7 @@ def _md_world(section: dict[str, Any]) -> list[str]:
             row += [fmt(r["median_ms"], 1) + mark, fmt(r["predicted_ms"], 1), f"{r['max_error']:.2e}"]
         rows.append(row)
     picks = ", ".join(f"{pt['nelem'] // MI} Mi -> {_auto_label(pt)}" for pt in points)
+    rounds = ", ".join(f"{pt['nelem'] // MI} Mi {pt.get('rounds', '?')}" for pt in points)
     load = section.get("load_average_1m", [None, None])
     return [f"## world size {p}", "",
             f"Load average of the shared 2-core machine (anything running, 1 min) "
@@ -310,7 +325,8 @@ def _md_world(section: dict[str, Any]) -> list[str]:
             f"Fitted: alpha {params.get('alpha_s', 0) * 1e6:.1f} us, beta "
             f"{params.get('beta_s_per_byte', 0) * 1e9:.3f} ns/B, gamma "
             f"{params.get('gamma_s_per_byte', 0) * 1e9:.3f} ns/B (tune took "
-            f"{section['tune_seconds']:.2f} s). auto picks: {picks}. * = best algorithm.", "",
+            f"{section['tune_seconds']:.2f} s). auto picks: {picks}. Rounds: {rounds}. "
+            "* = best algorithm.", "",
             markdown_table(headers, rows), ""]
 
 

@@ -4,7 +4,7 @@ One run measures every system on the same DAGs, in one Ray session, and writes
 medians, p99s and ratios to results/runtime.json and results/runtime.md:
 
     floor       bare wake-up round trip between two forked processes
-    memcpy      single-core copy of each array size into shared memory
+    memcpy      copy of each array size into shared memory: one core, and both at once
     latency     one execute + get of the int 1 on echo, chain3 and fanout3
     throughput  an array through driver -> A.echo -> B.checksum -> driver:
                 sequential (one execution at a time) and pipelined (k in flight)
@@ -61,6 +61,7 @@ from common import (  # noqa: E402 - needs the path above
     time_calls,
     write_results,
 )
+from physical import memcpy_reference  # noqa: E402
 from runtime_report import evaluate_targets, render_markdown  # noqa: E402
 
 # Ray reads RAY_CGRAPH_* when ray.dag is imported; the actors inherit them from ray.init.
@@ -334,28 +335,8 @@ def measure_floor(s: Settings) -> dict[str, Any]:
 
 
 def measure_memcpy(s: Settings) -> dict[str, Any]:
-    """Single-core numpy copy into shared memory and into an ordinary buffer."""
-    from multiprocessing import shared_memory
-
-    out: dict[str, Any] = {"iterations": s.memcpy_iters, "sizes": {}}
-    for size in s.sizes:
-        src = np.ones(size, dtype=np.uint8)
-        shm = shared_memory.SharedMemory(create=True, size=size)
-        try:
-            targets = {"shm": np.ndarray((size,), np.uint8, buffer=shm.buf), "numpy": np.empty_like(src)}
-            row = {}
-            for name, dst in targets.items():
-                dst[:] = 0  # fault the pages in once: channels reuse their buffers
-                ns = percentile(time_calls(lambda d=dst, a=src: np.copyto(d, a), s.memcpy_iters, 2), 50)
-                row[f"{name}_gbps"] = gb_per_s(size, ns / 1e9)
-                row[f"{name}_median_ms"] = ns / 1e6
-            del targets, dst
-        finally:
-            shm.close()
-            shm.unlink()
-        out["sizes"][str(size)] = row
-        log(f"  memcpy {size // MiB} MiB: shm {row['shm_gbps']:.2f} GB/s, numpy {row['numpy_gbps']:.2f} GB/s")
-    return out
+    """Copies into shm by bare numpy, one core alone and both at once (physical.py)."""
+    return memcpy_reference(s.sizes, s.memcpy_iters)
 
 
 def measure_latency(s: Settings, gate: CgraphGate) -> dict[str, Any]:
