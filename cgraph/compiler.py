@@ -210,6 +210,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     enable_asyncio: bool = False,
     default_communicator: Any = None,
     cpu_affinity: Any = None,
+    max_buffered_results: int = 1000,
 ) -> Any:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
@@ -217,11 +218,14 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         dag: the root of a Ray DAG over actor handles: a ``MultiOutputNode`` or
             one bound call.
         overlap_gpu_communication: reorder communicator receives to overlap compute.
-        max_inflight_executions: executions submitted and not yet read, at most.
+        max_inflight_executions: executions submitted whose results the driver
+            has not yet taken from the graph's output channels, at most (one
+            more raises ``CapacityError``).
         buffer_size_bytes: initial size of each shared-memory slot (grows once
             when a larger value comes).
-        submit_timeout: seconds ``execute`` may wait for room (``None``: forever).
-        get_timeout: default seconds ``get`` waits (``None``: forever).
+        submit_timeout: seconds ``execute`` may wait for room (``None`` or
+            negative: forever).
+        get_timeout: default seconds ``get`` waits (``None`` or negative: forever).
         enable_asyncio: prepare ``execute_async``.
         default_communicator: a name (``"cpu"``) or communicator object for
             communicator edges the actors cannot serve themselves.
@@ -230,6 +234,9 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
             actors on its node to one CPU while the graph lives: lowest latency
             for small latency-bound graphs, methods run one at a time), or a set
             of CPU ids. Restored at teardown.
+        max_buffered_results: results taken from the output channels but not
+            yet read by their refs (a later execution was read first), at most;
+            a get() that would buffer one more raises ``CapacityError``.
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,
@@ -243,18 +250,9 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
             one of them already runs another live compiled graph.
         ValueError: an option is out of range.
     """
+    options = CompileOptions(**{name: value for name, value in locals().items() if name != "dag"})
     from cgraph.runtime.launch import launch, locate_actors
 
-    options = CompileOptions(
-        overlap_gpu_communication=overlap_gpu_communication,
-        max_inflight_executions=max_inflight_executions,
-        buffer_size_bytes=buffer_size_bytes,
-        submit_timeout=submit_timeout,
-        get_timeout=get_timeout,
-        enable_asyncio=enable_asyncio,
-        default_communicator=default_communicator,
-        cpu_affinity=cpu_affinity,
-    )
     planned = _plan(dag, options, locate=locate_actors)
     return launch(planned.front, planned.planned, options)
 

@@ -35,7 +35,6 @@ from ray.experimental.channel.communicator import Communicator as RayCommunicato
 from ray.experimental.channel.shared_memory_channel import SharedMemoryType
 from ray.experimental.channel.torch_tensor_type import TorchTensorType as _RayTorchTensorType
 
-from cgraph._log import logger
 from cgraph.dag.validate import error_message
 from cgraph.errors import DAGValidationError
 from cgraph.ir import TensorHint
@@ -206,36 +205,55 @@ def compile_with_ray_options(
 ) -> Any:
     """``cgraph.compile`` behind Ray 2.60's ``experimental_compile`` signature.
 
-    Ray's ``None`` means "Ray's default", so it maps to cgraph's default; a
-    submit timeout of -1 (Ray: wait forever) maps to ``None``; the default
-    communicator ``"create"`` (Ray: create one per group) maps to cgraph's
-    default. ``_max_buffered_results`` is accepted: cgraph counts buffered
-    results against ``max_inflight_executions``.
+    As in Ray, an argument left at ``None`` takes its value from Ray's
+    ``DAGContext`` (which reads the ``RAY_CGRAPH_*`` environment variables), with
+    one exception: Ray's untouched default ``get_timeout`` of 10 s becomes
+    cgraph's "no limit" (a first execution whose actors still import torch
+    outlasts it); a value the user set (``DAGContext.get_current().get_timeout
+    = 30`` or ``RAY_CGRAPH_get_timeout``) is kept. A timeout of -1 (Ray: wait
+    forever) means no limit; the default communicator ``"create"`` (Ray: create
+    one per group) maps to cgraph's default.
 
     Returns:
         What ``cgraph.compile`` returns.
     """
     from cgraph.compiler import compile as cgraph_compile
 
-    options: dict[str, Any] = {"enable_asyncio": enable_asyncio}
-    if _submit_timeout is not None:
-        options["submit_timeout"] = None if _submit_timeout < 0 else float(_submit_timeout)
-    if _buffer_size_bytes is not None:
-        options["buffer_size_bytes"] = _buffer_size_bytes
-    if _max_inflight_executions is not None:
-        options["max_inflight_executions"] = _max_inflight_executions
-    if _overlap_gpu_communication is not None:
-        options["overlap_gpu_communication"] = _overlap_gpu_communication
+    options = ray_context_options()
+    options["enable_asyncio"] = enable_asyncio
+    given = {"submit_timeout": _submit_timeout, "buffer_size_bytes": _buffer_size_bytes,
+             "max_inflight_executions": _max_inflight_executions,
+             "max_buffered_results": _max_buffered_results,
+             "overlap_gpu_communication": _overlap_gpu_communication}
+    options.update({name: value for name, value in given.items() if value is not None})
+    if options.get("submit_timeout") is not None and options["submit_timeout"] < 0:
+        options["submit_timeout"] = None  # Ray's -1: wait forever
     if _default_communicator is not None and not (
         isinstance(_default_communicator, str) and _default_communicator == "create"
     ):
         options["default_communicator"] = _default_communicator
-    if _max_buffered_results is not None:
-        logger.debug(
-            "_max_buffered_results=%s: cgraph bounds buffered results by max_inflight_executions",
-            _max_buffered_results,
-        )
     return cgraph_compile(dag, **options)
+
+
+RAY_DEFAULT_GET_TIMEOUT_S = 10
+"""Ray's built-in ``DAGContext.get_timeout`` (when ``RAY_CGRAPH_get_timeout`` is unset)."""
+
+
+def ray_context_options() -> dict[str, Any]:
+    """cgraph.compile options from Ray's current ``DAGContext`` (see compile_with_ray_options)."""
+    from ray.dag.context import DAGContext
+
+    ctx = DAGContext.get_current()
+    options: dict[str, Any] = {
+        "submit_timeout": ctx.submit_timeout,
+        "buffer_size_bytes": int(ctx.buffer_size_bytes),
+        "max_inflight_executions": ctx.max_inflight_executions,
+        "max_buffered_results": ctx.max_buffered_results,
+        "overlap_gpu_communication": bool(ctx.overlap_gpu_communication),
+    }
+    if ctx.get_timeout != RAY_DEFAULT_GET_TIMEOUT_S:
+        options["get_timeout"] = ctx.get_timeout
+    return options
 
 
 class _CompiledByCGraph:

@@ -6,16 +6,30 @@
                                       (earlier ones are buffered)
 
 Executions are numbered; output channels are read strictly in execution order,
-so reading execution 5 first buffers the results of 0..4. At most
-``max_inflight_executions`` executions may be submitted and not yet read;
-one more raises ``CapacityError`` instead of hanging. A failure anywhere (an
-actor death seen by the monitor, a teardown) closes every channel, which wakes
-every waiter on the driver and in every actor.
+so reading execution 5 first buffers the results of 0..4. As in Ray, at most
+``max_inflight_executions`` executions may be submitted and not yet taken from
+the output channels, and at most ``max_buffered_results`` taken but not yet
+read; one more raises ``CapacityError`` instead of hanging. A failure anywhere
+(an actor death seen by the monitor, a teardown) closes every channel, which
+wakes every waiter on the driver and in every actor.
+
+Two locks, so that a get() waiting for a slow result never holds up execute()
+(``await execute_async`` in one coroutine while another awaits a result):
+
+    _submit_lock   execute(): the input channel and the execution counter
+    _lock          get(): the output channels (read one execution at a time)
+                   and the buffered results; execute() takes it only to read
+                   away dropped executions when it is out of room
+
+A ref dropped unread (``__del__``, from any thread) only queues its index;
+whoever holds ``_lock`` next applies it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import collections
 import functools
 import itertools
 import threading
@@ -129,6 +143,8 @@ class CompiledGraph:
         self._multi_output = multi_output
         self._on_teardown = on_teardown
         self._lock = threading.RLock()
+        self._submit_lock = threading.Lock()
+        self._dropped: collections.deque[tuple[int, int | None]] = collections.deque()
         self._teardown_lock = threading.Lock()
         self._torn_down = False
         self._failure: RuntimeGraphError | None = None
@@ -161,33 +177,55 @@ class CompiledGraph:
         Raises:
             cgraph.ExecuteArgumentError: the arguments do not match the DAG's InputNode use,
                 or cannot be serialized (the graph is not affected).
-            cgraph.CapacityError: ``max_inflight_executions`` results are already unread.
+            cgraph.CapacityError: ``max_inflight_executions`` executions are still in the
+                graph's channels (their results not yet taken by a get()).
             cgraph.TimeoutError: the input could not be submitted within ``submit_timeout``.
             cgraph.GraphTornDownError: after ``teardown()``.
         """
-        with self._lock:
+        return self._execute(args, kwargs, blocking=True)
+
+    def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> Any:
+        """execute(); with ``blocking=False``, raises ``_WouldBlock`` (nothing
+        submitted) where it would have to wait: for another execute, for room, or
+        for the input channel."""
+        if not self._submit_lock.acquire(blocking=blocking):
+            raise _WouldBlock
+        try:
             self._check_usable()
             self._input_usage.check(args, kwargs)
-            self._make_room()
-            if self._ep.input_writer is not None:
-                self._write_input(args, kwargs)
+            self._make_room(blocking)
             index = self._submitted
-            self._submitted += 1
-            if self._keeps_inputs:
+            if self._keeps_inputs:  # before the write: a fast reader may need it
                 self._inputs_kept[index] = (args, kwargs)
-            if not self._multi_output:
-                return CompiledRef(self, index)
-            count = len(self._ep.output_spec)
-            self._unread[index] = count
-            return CompiledRefList(CompiledRef(self, index, k) for k in range(count))
+            try:
+                if self._ep.input_writer is not None:
+                    self._write_input(args, kwargs, blocking)
+            except BaseException:
+                self._inputs_kept.pop(index, None)
+                raise
+            if self._multi_output:
+                count = len(self._ep.output_spec)
+                self._unread[index] = count
+            self._submitted = index + 1
+        finally:
+            self._submit_lock.release()
+        if not self._multi_output:
+            return CompiledRef(self, index)
+        return CompiledRefList(CompiledRef(self, index, k) for k in range(count))
 
     async def execute_async(self, *args: Any, **kwargs: Any) -> CompiledFuture | CompiledFutureList:
         """``fut = await compiled.execute_async(x); result = await fut``.
 
         For a MultiOutputNode, a list of futures, one per output (``await futs[0]``,
         ``asyncio.gather(*futs)``); awaiting the list itself gives every value.
+        It never blocks the event loop: where the submit would wait (the input
+        channel full, another thread submitting), it waits in a worker thread.
         """
-        refs = self.execute(*args, **kwargs)
+        try:
+            refs = self._execute(args, kwargs, blocking=False)
+        except _WouldBlock:
+            loop = asyncio.get_running_loop()
+            refs = await loop.run_in_executor(None, functools.partial(self._execute, args, kwargs, True))
         if isinstance(refs, CompiledRefList):
             return CompiledFutureList(CompiledFuture(ref) for ref in refs)
         return CompiledFuture(refs)
@@ -293,24 +331,32 @@ class CompiledGraph:
             GraphTornDownError("the compiled graph was torn down while waiting for a result")
         )
 
-    def _make_room(self) -> None:
+    def _make_room(self, blocking: bool) -> None:
+        """Room for one more execution in the channels; reads away executions
+        whose refs were all dropped, if that is what fills them."""
         limit = self.options.max_inflight_executions
-        while self._submitted - self._next_read + len(self._results) >= limit:
-            if self._next_read < self._submitted and self._next_read in self._discarded:
+        while self._submitted - self._next_read >= limit:
+            if not self._lock.acquire(blocking=blocking):  # a get() is reading: wait for it
+                raise _WouldBlock
+            try:
+                self._apply_dropped()
+                if self._submitted - self._next_read < limit:
+                    break
+                if self._next_read not in self._discarded:
+                    raise with_compat(CapacityError(
+                        f"{limit} executions are submitted and their results not yet taken "
+                        f"(max_inflight_executions={limit}); call get() on earlier refs first, "
+                        "or compile with a larger max_inflight_executions"))
                 self._read_next(deadline=_deadline(self.options.get_timeout))
-                continue
-            raise with_compat(
-                CapacityError(
-                    f"{limit} executions are submitted and not yet read "
-                    f"(max_inflight_executions={limit}); call get() on earlier refs first, "
-                    "or compile with a larger max_inflight_executions"
-                )
-            )
+            finally:
+                self._lock.release()
 
-    def _write_input(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _write_input(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> None:
         try:
-            self._ep.input_writer.write((args, kwargs), timeout=self.options.submit_timeout)
+            self._ep.input_writer.write((args, kwargs), timeout=self.options.submit_timeout if blocking else 0)
         except ChannelTimeoutError:
+            if not blocking:
+                raise _WouldBlock from None
             raise with_compat(
                 TimeoutError(
                     f"could not submit within submit_timeout={self.options.submit_timeout}s: "
@@ -332,6 +378,8 @@ class CompiledGraph:
             timeout = self.options.get_timeout
         deadline = _deadline(timeout)
         with self._lock:
+            if self._dropped:
+                self._apply_dropped()
             if index not in self._results:
                 if self._failure is not None:
                     raise self._failure
@@ -342,6 +390,8 @@ class CompiledGraph:
                     return self._get_single(index, deadline)
                 try:
                     while self._next_read <= index:
+                        if self._next_read < index:
+                            self._check_buffer_room()
                         self._read_next(deadline, want=index)
                 except _EarlyError as early:  # another output of it failed: so does this read
                     if output is not None:
@@ -349,11 +399,22 @@ class CompiledGraph:
                     raise early.error.to_exception() from None
             if output is None:
                 return self._finish(self._results.pop(index))
-            value = self._results[index][output]
+            values = self._results[index]
             self._output_done(index)
-            if type(value) is ErrorValue:
-                raise value.to_exception()
-            return value
+            # as in Ray: an error in any output of an execution is every output's result
+            error = next((v for v in (values[output], *values) if type(v) is ErrorValue), None)
+            if error is not None:
+                raise error.to_exception()
+            return values[output]
+
+    def _check_buffer_room(self) -> None:
+        """Before taking an earlier execution's results to buffer them."""
+        limit = self.options.max_buffered_results
+        if len(self._results) >= limit and self._next_read not in self._discarded:
+            raise with_compat(CapacityError(
+                f"{len(self._results)} results are buffered (max_buffered_results={limit}): "
+                "a later execution was read before them; call get() on the earlier refs "
+                "first, or compile with a larger max_buffered_results"))
 
     def _get_single(self, index: int, deadline: float | None) -> Any:
         """``_get_result`` of the next execution of a one-output graph, without the
@@ -384,19 +445,36 @@ class CompiledGraph:
             self._unread[index] = left
             return False
         self._unread.pop(index, None)
-        self._results.pop(index, None)
-        self._inputs_kept.pop(index, None)
+        self._forget(index)
         return True
 
+    def _forget(self, index: int) -> None:
+        """No ref will read execution ``index`` any more: drop its results, now if
+        they are buffered, else when they are taken from the channels."""
+        if self._results.pop(index, None) is None and index >= self._next_read:
+            self._discarded.add(index)
+        self._inputs_kept.pop(index, None)
+
     def _discard_result(self, index: int, output: int | None = None) -> None:
+        """A ref was dropped unread (from ``__del__``: any thread, any moment). Queued,
+        and applied now only if ``_lock`` is free: a get() may hold it for long."""
         if self._torn_down:
             return
-        with self._lock:
-            if output is not None and not self._output_done(index):
-                return  # other outputs of this execution are still to be read
-            if self._results.pop(index, None) is None and index >= self._next_read:
-                self._discarded.add(index)
-            self._inputs_kept.pop(index, None)
+        self._dropped.append((index, output))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._apply_dropped()
+            finally:
+                self._lock.release()
+
+    def _apply_dropped(self) -> None:
+        """With ``_lock`` held: forget the results of the refs dropped unread."""
+        while self._dropped:
+            index, output = self._dropped.popleft()
+            if output is None:
+                self._forget(index)
+            else:  # forgotten once no output of the execution is left to read
+                self._output_done(index)
 
     def _read_next(self, deadline: float | None, want: int = -1) -> None:
         """Read every output of execution ``_next_read`` (resuming after a timeout).
@@ -407,6 +485,10 @@ class CompiledGraph:
         """
         index = self._next_read
         pending = [(n, r) for n, r in self._ep.output_readers.items() if n not in self._partial]
+        if index == want and pending:  # an output that failed before: no need to wait for the rest
+            error = next((v for v in self._partial.values() if type(v) is ErrorValue), None)
+            if error is not None:
+                raise _EarlyError(error)
         while pending:
             # one output: wait on it; several: wait on the first a little at a time,
             # taking any other that is already there, so an error is seen early
@@ -459,6 +541,10 @@ class _EarlyError(Exception):  # noqa: N818 - control flow inside this module
         self.error = error
 
 
+class _WouldBlock(Exception):  # noqa: N818 - control flow inside this module
+    """A non-blocking submit (execute_async's first try) would have to wait."""
+
+
 _POLL_S = 0.01
 """While several outputs of one execution are awaited, how often the others are checked."""
 
@@ -468,7 +554,8 @@ def _poll(deadline: float | None) -> float:
 
 
 def _deadline(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
+    """None or negative (Ray's -1): no deadline."""
+    return None if timeout is None or timeout < 0 else time.monotonic() + timeout
 
 
 def _remaining(deadline: float | None) -> float | None:

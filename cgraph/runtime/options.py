@@ -10,6 +10,7 @@ from typing import Any
 class CompileOptions:
     overlap_gpu_communication: bool = False
     max_inflight_executions: int = 10
+    max_buffered_results: int = 1000
     buffer_size_bytes: int = 1 << 20
     submit_timeout: float | None = 10.0
     get_timeout: float | None = None
@@ -18,6 +19,12 @@ class CompileOptions:
     cpu_affinity: Any = None  # None | "colocate" | set of CPU ids (see runtime/affinity.py)
 
     def __post_init__(self) -> None:
+        for name in ("submit_timeout", "get_timeout"):  # Ray's -1 (any negative): no limit
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                object.__setattr__(self, name, None)
+        if self.max_buffered_results < 1:
+            raise ValueError(f"max_buffered_results must be >= 1, got {self.max_buffered_results}")
         if self.max_inflight_executions < 1:
             raise ValueError(
                 f"max_inflight_executions must be >= 1, got {self.max_inflight_executions}"

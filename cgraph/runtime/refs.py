@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.experimental.compiled_dag_ref import CompiledDAGRef
 
-from cgraph.errors import RefConsumedError, TimeoutError
+from cgraph.errors import CapacityError, RefConsumedError, TimeoutError
 
 if TYPE_CHECKING:
     from cgraph.runtime.compiled_graph import CompiledGraph
@@ -40,7 +40,10 @@ class CompiledRef(CompiledDAGRef):
 
         Raises:
             cgraph.TaskError: a method in the graph raised (original type preserved).
-            cgraph.TimeoutError: ``timeout`` expired; the ref can be read again later.
+            cgraph.TimeoutError: ``timeout`` expired (``None``: the graph's get_timeout;
+                negative: no limit); the ref can be read again later.
+            cgraph.CapacityError: reading it would buffer more than
+                ``max_buffered_results`` earlier results; it can be read again later.
             cgraph.ActorDiedError: an actor of the graph died.
             cgraph.RefConsumedError: this ref was already read.
         """
@@ -51,7 +54,7 @@ class CompiledRef(CompiledDAGRef):
             )
         try:
             value = self._graph._get_result(self._execution_index, timeout, self._output)
-        except TimeoutError:
+        except (TimeoutError, CapacityError):
             raise  # still unread: get() may be called again
         except BaseException:
             self._consumed = True  # the error was this ref's result
@@ -97,7 +100,7 @@ class CompiledRefList(list):  # type: ignore[type-arg]
         """Every output's value, in order. An output's error is raised and the
         outputs after it are dropped (the execution was read as a whole); a
         timeout leaves the unread ones readable."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         values = []
         for i, ref in enumerate(self):
             try:

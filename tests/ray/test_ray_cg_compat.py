@@ -309,10 +309,20 @@ def test_error_in_one_output_raises_without_waiting_for_slow_outputs(make):
         assert time.monotonic() - start < 1.5
         # the slow output is still drained: the next execution reads cleanly
         assert ray.get(compiled.execute(1), timeout=30) == [1, 1]
-        refs = compiled.execute(2)  # per output: the failing one raises its own error
+        refs = compiled.execute(2)  # as in Ray: the error is every output's result
         with pytest.raises(ValueError, match="bad input 2"):
             refs[1].get(timeout=30)
-        assert refs[0].get(timeout=30) == 2, "the healthy output still has its own value"
+        start = time.monotonic()
+        with pytest.raises(ValueError, match="bad input 2"):
+            refs[0].get(timeout=30)
+        assert time.monotonic() - start < 1.5, "the healthy output's ref need not wait either"
+        refs = compiled.execute(2)  # the same when the healthy output is read first
+        with pytest.raises(ValueError, match="bad input 2"):
+            refs[0].get(timeout=30)
+        with pytest.raises(ValueError, match="bad input 2"):
+            refs[1].get(timeout=30)
+        assert ray.get(compiled.execute(3), timeout=30) == [3, 3]
+        assert not compiled._results, "nothing of the failed executions stays buffered"
 
 
 # --------------------------------------------------------------------------- asyncio
@@ -365,6 +375,67 @@ def test_asyncio_capacity_error(make):
 
     with _compile(dag, enable_asyncio=True, _max_inflight_executions=2) as compiled:
         assert asyncio.run(main()) == [1, 2]
+
+
+def test_asyncio_a_slow_await_does_not_hold_up_other_coroutines(make):
+    # Ray's behaviour: while one coroutine awaits a slow result, another submits
+    # at once, and the event loop keeps running
+    (a,) = make(Worker, 1)
+    with InputNode() as inp:
+        dag = a.sleep_then.bind(inp, seconds=1.5)
+
+    async def ticker(stop, gaps):
+        last = time.monotonic()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    async def main():
+        stop, gaps = asyncio.Event(), []
+        tick = asyncio.create_task(ticker(stop, gaps))
+        slow = asyncio.create_task(_await_result(compiled, 1))
+        await asyncio.sleep(0.3)  # the slow coroutine now waits inside get()
+        start = time.monotonic()
+        fut = await compiled.execute_async(2)
+        submit_s = time.monotonic() - start
+        results = [await slow, await fut]
+        stop.set()
+        await tick
+        return results, submit_s, max(gaps)
+
+    with _compile(dag, enable_asyncio=True) as compiled:
+        results, submit_s, worst_gap = asyncio.run(main())
+    assert results == [1, 2]
+    assert submit_s < 1.0, f"execute_async waited {submit_s:.2f}s for another coroutine's result"
+    assert worst_gap < 1.0, f"the event loop stalled for {worst_gap:.2f}s"
+
+
+async def _await_result(compiled, x):
+    return await (await compiled.execute_async(x))
+
+
+def test_asyncio_submit_waits_in_a_thread_when_it_would_block(make):
+    # another thread is inside execute(): execute_async waits off the event loop
+    (a,) = make(Worker, 1)
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+
+    async def main():
+        compiled._submit_lock.acquire()
+        asyncio.get_running_loop().call_later(0.3, compiled._submit_lock.release)
+        ticks = 0
+        submit = asyncio.ensure_future(compiled.execute_async(1))
+        while not submit.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+        return await (await submit), ticks
+
+    with _compile(dag, enable_asyncio=True) as compiled:
+        value, ticks = asyncio.run(main())
+    assert value == 2
+    assert ticks >= 5, "the loop ran while the submit waited"
 
 
 def test_asyncio_multi_output_returns_one_future_per_output(make):
@@ -443,22 +514,30 @@ def test_visualize_ascii_returns_text(make):
         assert isinstance(text, str) and text.strip()
 
 
-def test_multi_output_refs_free_capacity_once_every_output_is_read_or_dropped(make):
+def test_capacity_counts_executions_in_the_channels_and_buffered_results_apart(make):
+    # as in Ray: max_inflight_executions bounds executions not yet taken from the
+    # output channels; results taken but unread count against max_buffered_results
     a, b = make(Worker, 2)
     with InputNode() as inp:
         dag = MultiOutputNode([a.inc.bind(inp), b.fail_if.bind(inp)])
-    with _compile(dag, _max_inflight_executions=2) as compiled:
+    with _compile(dag, _max_inflight_executions=2, _max_buffered_results=1) as compiled:
         first = compiled.execute(1)
-        assert first[0].get(timeout=30) == 2  # one output read: execution 0 still held
+        assert first[0].get(timeout=30) == 2  # execution 0 left the channels; its output 1 is buffered
         second = compiled.execute(2)
-        with pytest.raises(cgraph.CapacityError):
-            compiled.execute(3)  # 0 (half read) and 1 (unread) fill both places
-        del first  # its unread output is dropped: execution 0 is gone
+        third = compiled.execute(3)  # 1 and 2 fill the channels' two places
+        with pytest.raises(cgraph.CapacityError, match="max_inflight_executions") as info:
+            compiled.execute(4)
+        assert isinstance(info.value, ray.exceptions.RayCgraphCapacityExceeded)
+        with pytest.raises(cgraph.CapacityError, match="max_buffered_results"):
+            third[0].get(timeout=30)  # would buffer execution 1 beside 0's unread output
+        del first  # its unread output is dropped: nothing is buffered now
+        assert third.get(timeout=30) == [4, 3], "a ref refused for room stays readable"
+        assert second.get(timeout=30) == [3, 2]
         with pytest.raises(ValueError):
             compiled.execute(-1).get(timeout=30)  # the list reads both; output 1 raised
-        assert second.get(timeout=30) == [3, 2]
-        assert compiled.execute(5).get(timeout=30) == [6, 5], "capacity is all back"
-
+        later = [compiled.execute(5), compiled.execute(6)]
+        assert [r.get(timeout=30) for r in later] == [[6, 5], [7, 6]], "capacity is all back"
+        assert not compiled._results
 
 def test_a_with_block_tears_the_graph_down(make):
     (a,) = make(Worker, 1)
@@ -468,3 +547,27 @@ def test_a_with_block_tears_the_graph_down(make):
         assert ray.get(compiled.execute(1)) == 2
     assert compiled.is_teardown
     assert ray.get(a.inc.remote(1), timeout=30) == 2, "the actor is free again"
+
+
+# --------------------------------------------------------------------------- Ray's timeouts and capacity
+def test_negative_timeout_waits_without_limit(make):
+    (a,) = make(Worker, 1)
+    with InputNode() as inp:
+        dag = a.sleep_then.bind(inp, seconds=0.5)
+    with _compile(dag) as compiled:
+        assert ray.get(compiled.execute(1), timeout=-1) == 1  # Ray: -1 blocks until done
+        assert compiled.execute(2).get(timeout=-1) == 2
+    with _compile(dag, _submit_timeout=-1) as compiled:
+        assert compiled.options.submit_timeout is None
+        assert compiled.execute(3).get() == 3
+
+
+def test_results_read_out_of_order_leave_room_for_more_executions(make):
+    (a,) = make(Worker, 1)
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+    with _compile(dag, _max_inflight_executions=2) as compiled:
+        r0, r1 = compiled.execute(0), compiled.execute(1)
+        assert r1.get(timeout=30) == 2  # takes 0 and 1 from the channels; 0 is buffered
+        r2, r3 = compiled.execute(2), compiled.execute(3)  # as in Ray: two more fit
+        assert [r0.get(timeout=30), r2.get(timeout=30), r3.get(timeout=30)] == [1, 3, 4]

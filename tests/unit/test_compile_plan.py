@@ -146,6 +146,13 @@ def test_bind_order_that_never_runs_is_a_deadlock_error():
 def test_options_are_checked():
     with pytest.raises(ValueError, match="max_inflight_executions must be >= 1"):
         cgraph.plan(build_seed_dag(), max_inflight_executions=0)
+    with pytest.raises(ValueError, match="max_buffered_results must be >= 1"):
+        cgraph.plan(build_seed_dag(), max_buffered_results=0)
+
+
+def test_negative_timeouts_mean_no_limit_as_in_ray():
+    options = cgraph.plan(build_seed_dag(), submit_timeout=-1, get_timeout=-1.0).options
+    assert (options.submit_timeout, options.get_timeout) == (None, None)
 
 
 def test_options_are_kept_for_the_runtime():

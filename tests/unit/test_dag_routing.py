@@ -18,7 +18,15 @@ from ray.experimental.channel.cpu_communicator import CPUCommunicator
 import cgraph.compiler
 from cgraph import InputNode, MultiOutputNode
 from cgraph.dag import compile_with_ray_options
-from cgraph.dag.nodes import install_ray_hooks
+from cgraph.dag.nodes import install_ray_hooks, ray_context_options
+
+RAY_DEFAULTS = {  # Ray 2.60's DAGContext with no RAY_CGRAPH_* variables set
+    "submit_timeout": 10,
+    "buffer_size_bytes": 1_000_000,
+    "max_inflight_executions": 10,
+    "max_buffered_results": 1000,
+    "overlap_gpu_communication": False,
+}
 
 
 @ray.remote
@@ -50,7 +58,7 @@ def test_cgraph_multi_output_node_compiles_with_cgraph(calls):
     with InputNode() as inp:
         dag = MultiOutputNode([Worker.bind().f.bind(inp)])
     assert dag.experimental_compile(_overlap_gpu_communication=True) == "cgraph-compiled"
-    assert calls == [("cgraph", dag, {"enable_asyncio": False, "overlap_gpu_communication": True})]
+    assert calls == [("cgraph", dag, {**RAY_DEFAULTS, "enable_asyncio": False, "overlap_gpu_communication": True})]
 
 
 def test_single_output_on_cgraph_input_node_compiles_with_cgraph(calls):
@@ -102,16 +110,40 @@ def test_rays_keyword_names_map_to_cgraph_options(calls):
         "buffer_size_bytes": 4096,
         "enable_asyncio": True,
         "max_inflight_executions": 2,
+        "max_buffered_results": 7,
         "overlap_gpu_communication": False,
         "default_communicator": comm,
     }
 
 
-def test_rays_defaults_become_cgraphs_defaults(calls):
+def test_options_left_out_come_from_rays_dag_context(calls):
     with InputNode() as inp:
         dag = Worker.bind().f.bind(inp)
     compile_with_ray_options(dag, 5.0, None, False, None, None, None, "create")
-    assert calls[0][2] == {"enable_asyncio": False, "submit_timeout": 5.0}
+    # Ray's untouched 10 s get_timeout is not passed: cgraph's default (no limit) stays
+    assert calls[0][2] == {**RAY_DEFAULTS, "enable_asyncio": False, "submit_timeout": 5.0}
+
+
+@pytest.fixture
+def dag_context():
+    from ray.dag.context import DAGContext
+
+    ctx = DAGContext.get_current()
+    saved = (ctx.get_timeout, ctx.max_inflight_executions, ctx.buffer_size_bytes)
+    yield ctx
+    ctx.get_timeout, ctx.max_inflight_executions, ctx.buffer_size_bytes = saved
+
+
+def test_dag_context_settings_the_user_changed_are_honoured(calls, dag_context):
+    dag_context.get_timeout = 3
+    dag_context.max_inflight_executions = 2
+    dag_context.buffer_size_bytes = 4096
+    with InputNode() as inp:
+        dag = Worker.bind().f.bind(inp)
+    dag.experimental_compile(_max_inflight_executions=5)  # an argument beats the context
+    got = calls[0][2]
+    assert (got["get_timeout"], got["max_inflight_executions"], got["buffer_size_bytes"]) == (3, 5, 4096)
+    assert ray_context_options()["max_inflight_executions"] == 2
 
 
 def test_hooks_install_once_and_keep_rays_method():
