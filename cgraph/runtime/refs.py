@@ -99,7 +99,7 @@ class CompiledRefList(list):  # type: ignore[type-arg]
     def get(self, timeout: float | None = None) -> list[Any]:
         """Every output's value, in order. An output's error is raised and the
         outputs after it are dropped (the execution was read as a whole); a
-        timeout leaves the unread ones readable."""
+        timeout or a CapacityError leaves the unread ones readable."""
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         values = []
         for i, ref in enumerate(self):
@@ -107,8 +107,8 @@ class CompiledRefList(list):  # type: ignore[type-arg]
                 values.append(
                     ref.get(None if deadline is None else max(0.0, deadline - time.monotonic()))
                 )
-            except TimeoutError:
-                raise
+            except (TimeoutError, CapacityError):
+                raise  # this one and the rest stay readable
             except BaseException:
                 for rest in self[i + 1 :]:
                     rest._drop()

@@ -59,6 +59,13 @@ class Worker:
         time.sleep(seconds)
         return x
 
+    def when_exists(self, x, path):
+        """x, once ``path`` exists (a gate the test opens; gives up after 60 s)."""
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return x
+
     def die_if(self, x, bad=-1):
         if x == bad:
             os._exit(1)
