@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
+import time
 
 import pytest
 import ray
@@ -56,6 +59,44 @@ def test_execute_async(pair):
 
     try:
         assert asyncio.run(main()) == [2, 4, 6, 8]
+    finally:
+        compiled.teardown()
+
+
+def test_one_thread_submits_while_another_reads(pair):
+    # the pattern behind execute_async: execute() in one thread, get() in another,
+    # each blocking on its own lock; every result arrives, in order, none lost
+    a, b = pair
+    with cgraph.InputNode() as inp:
+        dag = cgraph.MultiOutputNode([b.mul.bind(a.inc.bind(inp)), a.inc.bind(inp)])
+    compiled = dag.experimental_compile(_max_inflight_executions=3)
+    pending: queue.Queue = queue.Queue()
+    results: list = []
+    count = 200
+
+    def produce():
+        i = 0
+        while i < count:
+            try:
+                pending.put(compiled.execute(i))
+            except cgraph.CapacityError:
+                time.sleep(0.001)  # the reader has not taken enough yet
+                continue
+            i += 1
+
+    def consume():
+        for _ in range(count):
+            results.append(pending.get(timeout=60).get(timeout=60))
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        assert results == [[2 * (i + 1), i + 1] for i in range(count)]
+        assert not compiled._results and not compiled._unread
     finally:
         compiled.teardown()
 
