@@ -63,6 +63,7 @@ __all__ = ["ControlServer", "SocketChannel", "SocketHandle", "SocketReader", "So
 
 POLL_S = 0.15  # longest sleep before re-checking the closed state
 CONNECT_TIMEOUT_S = 30.0  # reaching the control server (never the peer)
+DETACH_WAIT_S = 10.0  # a detaching writer waits this long for its reader to take the last values
 _FRAME = struct.Struct("<Q")  # value size in bytes, then that many bytes of slot layout
 _IOV_MAX = 512  # buffers per sendmsg call (Linux allows 1024)
 
@@ -296,12 +297,30 @@ class SocketWriter(_Endpoint, ChannelWriter):
 
     def detach(self) -> None:
         if not self._detached and self._data is not None:
-            try:  # unread credits would make close() reset the connection, dropping values
-                while self._data.recv(4096):
-                    pass
-            except OSError:
-                pass
+            self._await_credits(time.monotonic() + DETACH_WAIT_S)
         super().detach()
+
+    def _await_credits(self, deadline: float) -> None:
+        """Before closing: wait until the reader has taken in every value sent (all
+        credits back). A credit that reaches a closed socket is answered with a
+        reset, and a reset makes the reader's kernel drop the values it still
+        holds unread: closing early lost the last values (seen as a flaky
+        ECONNRESET in a test). Gives up at ``deadline``, on a closed channel, or
+        when the reader is gone."""
+        assert self._data is not None
+        try:
+            while self._credits < self._handle.max_inflight:
+                try:
+                    got = self._data.recv(4096)
+                except BlockingIOError:
+                    if not self._wait(self._data, select.POLLIN, deadline):
+                        return
+                    continue
+                if not got:
+                    return
+                self._credits += len(got)
+        except (OSError, ChannelClosedError):
+            return
 
     def _take_credits(self, deadline: float | None, timeout: float | None) -> None:
         """Wait for the reader to give credits back (one byte per value it received)."""
