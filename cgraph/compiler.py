@@ -250,6 +250,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
             one of them already runs another live compiled graph.
         ValueError: an option is out of range.
     """
+    # the first statement: locals() holds exactly the keyword arguments above
     options = CompileOptions(**{name: value for name, value in locals().items() if name != "dag"})
     from cgraph.runtime.launch import launch, locate_actors
 
