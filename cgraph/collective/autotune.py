@@ -401,8 +401,8 @@ def _slowest_rank_times(transport: Transport, names: Sequence[str], nbytes: int,
     return times
 
 
-def _paired_best(times: np.ndarray) -> int:
-    """The column with the lowest median of time / the fastest time of its round
+def _round_scores(times: np.ndarray) -> np.ndarray:
+    """Each column's median of time / the fastest time of its round; the lowest wins
     (ties: the first, i.e. the model's order).
 
     The median, not the mean: some algorithms are bimodal on a shared host (a
@@ -413,11 +413,6 @@ def _paired_best(times: np.ndarray) -> int:
     trial estimates the typical time; the long-run mean is the probes' business
     (``Arm``), which pair the two over the group's life.
     """
-    return int(np.argmin(_round_scores(times)))
-
-
-def _round_scores(times: np.ndarray) -> np.ndarray:
-    """Each column's median of time / the fastest time of its round (``_paired_best``)."""
     return np.asarray(np.median(times / np.maximum(times.min(axis=1, keepdims=True), 1e-12), axis=0))
 
 

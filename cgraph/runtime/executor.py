@@ -138,7 +138,7 @@ class _Upstream(Exception):  # noqa: N818 - control flow, never escapes this mod
 
 
 Step = Callable[[], None]
-"""One op of an actor's loop, bound to its node, channels and method (``STEPS``)."""
+"""One op of an actor's loop, bound to its node, channels and method (``HANDLERS``)."""
 
 
 def read_step(op: Op, ctx: Context) -> Step:
