@@ -27,6 +27,7 @@ rendezvous, and every group has the teams ``"<group>:world"`` and
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -78,19 +79,19 @@ create_collective_group = declare_collective_group
 
 def is_group_initialized(group_name: str = "default") -> bool:
     """True if this process is a member of ``group_name`` (declared membership counts)."""
-    return groups.find(group_name) is not None
+    return groups.peek(group_name) is not None
 
 
 def get_rank(group_name: str = "default") -> int:
     """This process's rank in ``group_name``, or -1 if it is not a member."""
-    group = groups.find(group_name)
-    return -1 if group is None else group.rank
+    found = groups.peek(group_name)
+    return -1 if found is None else found[0]
 
 
 def get_collective_group_size(group_name: str = "default") -> int:
     """The number of ranks of ``group_name``, or -1 if this process is not a member."""
-    group = groups.find(group_name)
-    return -1 if group is None else group.world_size
+    found = groups.peek(group_name)
+    return -1 if found is None else found[1]
 
 
 def destroy_collective_group(group_name: str = "default") -> None:
@@ -125,23 +126,25 @@ def allreduce(tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM,
         CollectiveGroupError, CollectiveMismatchError, CollectiveTimeoutError.
     """
     group = groups.lookup(group_name)
+    op = _reduce_op(group, tensor, op, "allreduce")
     with working(tensor, group.backend.tensor, group.backend.device) as work:
-        group.comm.allreduce(work, _op(op), algorithm)
+        group.comm.allreduce(work, op, algorithm)
 
 
 def reduce(tensor: Any, dst_rank: int = 0, group_name: str = "default",
            op: Any = ReduceOp.SUM) -> None:
     """Reduce ``tensor`` over the group into ``dst_rank``'s tensor (others keep theirs)."""
     group = groups.lookup(group_name)
-    _check_peer(group, dst_rank, "dst_rank")
+    dst_rank = _check_peer(group, dst_rank, "dst_rank")
+    op = _reduce_op(group, tensor, op, "reduce")
     with working(tensor, group.backend.tensor, group.backend.device) as work:
-        group.comm.reduce(work, dst_rank, _op(op))
+        group.comm.reduce(work, dst_rank, op)
 
 
 def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> None:
     """Copy ``src_rank``'s ``tensor`` into every rank's ``tensor``."""
     group = groups.lookup(group_name)
-    _check_peer(group, src_rank, "src_rank")
+    src_rank = _check_peer(group, src_rank, "src_rank")
     with working(tensor, group.backend.tensor, group.backend.device) as work:
         group.comm.broadcast(work, src_rank)
 
@@ -161,16 +164,17 @@ def reducescatter(tensor: Any, tensor_list: list[Any], group_name: str = "defaul
     """``tensor`` = the reduction over ranks of their ``tensor_list[rank]``."""
     group = groups.lookup(group_name)
     _check_parts(group, tensor_list, tensor, "reducescatter", "tensor_list")
+    op = _reduce_op(group, tensor, op, "reducescatter")
     row = group.backend
     with working(tensor, row.tensor, row.device) as out:
         with _all_working(tensor_list, row, write=False) as parts:
-            group.comm.reducescatter(out, parts, _op(op))
+            group.comm.reducescatter(out, parts, op)
 
 
 def send(tensor: Any, dst_rank: int, group_name: str = "default") -> None:
     """Send ``tensor`` to ``dst_rank``, which must ``recv`` a tensor of the same dtype and shape."""
     group = groups.lookup(group_name)
-    _check_peer(group, dst_rank, "dst_rank", other=True)
+    dst_rank = _check_peer(group, dst_rank, "dst_rank", other=True)
     with working(tensor, group.backend.tensor, group.backend.device, write=False) as work:
         group.comm.send(work, dst_rank)
 
@@ -178,7 +182,7 @@ def send(tensor: Any, dst_rank: int, group_name: str = "default") -> None:
 def recv(tensor: Any, src_rank: int, group_name: str = "default") -> None:
     """Fill ``tensor`` with the next tensor ``src_rank`` sends to this rank."""
     group = groups.lookup(group_name)
-    _check_peer(group, src_rank, "src_rank", other=True)
+    src_rank = _check_peer(group, src_rank, "src_rank", other=True)
     with working(tensor, group.backend.tensor, group.backend.device) as work:
         group.comm.recv(work, src_rank)
 
@@ -294,21 +298,62 @@ def _op(op: Any) -> ReduceOp:
         raise ValueError(f"unknown reduce op {op!r}; use one of {[o.name for o in ReduceOp]}") from None
 
 
-def _check_peer(group: groups.Group, peer: int, what: str, other: bool = False) -> None:
-    if not isinstance(peer, int) or not 0 <= peer < group.world_size or (other and peer == group.rank):
+_NUMERIC_KINDS = frozenset("biufc")
+"""numpy dtype kinds a reduction takes: bool, signed and unsigned integers, floats, complex."""
+
+
+def _reduce_op(group: groups.Group, tensor: Any, op: Any, call: str) -> ReduceOp:
+    """``op`` as a ReduceOp, once ``tensor``'s dtype is known to reduce with it.
+
+    Checked before anything is sent: ranks holding the same dtype all refuse
+    alike, so nobody is left waiting and the group stays usable.
+    """
+    op = _op(op)
+    dtype = tensor.dtype
+    kind = getattr(dtype, "kind", None)  # numpy and cupy dtypes; torch's are all numeric
+    if kind is not None and kind not in _NUMERIC_KINDS:
+        raise ValueError(f"{call} on group {group.name!r}: cannot reduce dtype {dtype}; use a "
+                         "bool, integer, floating or complex dtype")
+    is_complex = kind == "c" or bool(getattr(dtype, "is_complex", False))
+    if is_complex and (op in (ReduceOp.MIN, ReduceOp.MAX)
+                       or (op is ReduceOp.PRODUCT and group.backend.name != "cpu")):
+        raise ValueError(f"{call} on group {group.name!r}: {op.name} is not defined for complex "
+                         f"dtype {dtype} on the {group.backend.name!r} backend; use SUM"
+                         f"{' or PRODUCT' if op is not ReduceOp.PRODUCT else ''}, or reduce the "
+                         "real and imaginary parts yourself")
+    return op
+
+
+def _check_peer(group: groups.Group, peer: Any, what: str, other: bool = False) -> int:
+    """``peer`` as an int (numpy integers welcome) once it names another rank of ``group``."""
+    try:
+        rank = operator.index(peer)
+    except TypeError:
+        rank = -1
+    if not 0 <= rank < group.world_size or (other and rank == group.rank):
         self_note = f", and not this rank ({group.rank})" if other else ""
         raise CollectiveGroupError(
-            f"{what}={peer!r} is outside group {group.name!r}: use a rank in "
+            f"{what}={peer!r} is outside group {group.name!r}: use an integer rank in "
             f"0..{group.world_size - 1}{self_note}", group.name, group.rank)
+    return rank
 
 
 def _check_parts(group: groups.Group, parts: Sequence[Any], tensor: Any, call: str, what: str) -> None:
-    shape = tuple(tensor.shape)
+    shape, dtype = tuple(tensor.shape), _dtype_name(tensor)
     if len(parts) != group.world_size or any(tuple(t.shape) != shape for t in parts):
         raise ValueError(
             f"{call} on group {group.name!r}: {what} must hold world_size={group.world_size} "
             f"tensors shaped like the tensor {shape}, got "
             f"{[tuple(t.shape) for t in parts]}")
+    if any(_dtype_name(t) != dtype for t in parts):
+        raise ValueError(
+            f"{call} on group {group.name!r}: {what} must hold tensors of the tensor's dtype "
+            f"{dtype}, got {[_dtype_name(t) for t in parts]} (nothing is cast)")
+
+
+def _dtype_name(tensor: Any) -> str:
+    """``float32`` for numpy, cupy and torch alike."""
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _cpu_comm(group_name: str, call: str) -> Any:

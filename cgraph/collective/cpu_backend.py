@@ -205,6 +205,10 @@ class CpuComm:
         except CollectiveError as exc:
             self._mesh.abort(str(exc).split(". ")[0])
             raise self._explained(exc) from None
+        except BaseException as exc:  # any other failure mid-call: the peers wait for this
+            # rank's data, so wake them (they raise, naming it) instead of letting them time out
+            self._mesh.abort(f"rank {self.rank} failed in {signature}: {type(exc).__name__}: {exc}")
+            raise
 
     def _explained(self, exc: CollectiveError) -> CollectiveError:
         if not isinstance(exc, CollectiveGroupError) or "link is closed" not in str(exc):

@@ -17,6 +17,7 @@ ranks on this rank's Ray node) are predefined teams, made on first use.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 from collections.abc import Sequence
@@ -59,6 +60,7 @@ class Group:
 
 _GROUPS: dict[str, Group] = {}
 _GONE: dict[str, str] = {}  # destroyed names -> how
+_GONE_STORE: dict[str, str | None] = {}  # destroyed names -> id of the store left (None: none)
 _DECLARED: dict[str, Any] = {}  # the driver's handles: a store lives while a handle does
 _OUTSIDE: set[str] = set()  # teams this process was left out of (no need to ask Ray)
 _LOCK = threading.RLock()
@@ -93,13 +95,23 @@ def declare(actors: Sequence[Any], world_size: int, ranks: Sequence[int], backen
     for actor, rank in zip(actors, ranks, strict=True):
         members[rank] = actor._actor_id.hex()
     spec = GroupSpec(name, world_size, row.name, float(timeout_s), tuple(members))
+    if not _DECLARED:
+        atexit.register(_destroy_declared)  # before Ray's own exit hook shuts it down
     _DECLARED[name] = rendezvous.create_store(spec, exclusive=True)
+
+
+def _destroy_declared() -> None:
+    """At the driver's exit: tear down the groups it declared, so their links are unlinked."""
+    for name in list(_DECLARED):
+        with contextlib.suppress(Exception):
+            if ray.is_initialized():
+                _destroy_from_outside(name)
 
 
 def _join(store: Any, spec: GroupSpec, rank: int) -> Group:
     node = ray.get_runtime_context().get_node_id()
     reply = rendezvous.call(store, "join", rank, spec.world_size, spec.backend, node,
-                            group=spec.name)
+                            spec.timeout_s, group=spec.name)
     membership: Membership = reply.unwrap(spec.name, rank)
     hooks = Hooks(
         spec.name,
@@ -122,6 +134,7 @@ def _join(store: Any, spec: GroupSpec, rank: int) -> Group:
     group = Group(spec.name, row, comm, store)
     _GROUPS[spec.name] = group
     _GONE.pop(spec.name, None)
+    _GONE_STORE.pop(spec.name, None)
     return group
 
 
@@ -136,9 +149,27 @@ def find(name: str) -> Group | None:
         if parent and suffix in PREDEFINED:
             owner = find(parent)
             return None if owner is None else _predefined(owner, suffix, name)
-        if name in _GONE or name in _OUTSIDE:
+        if name in _OUTSIDE:
             return None
-        return _join_declared(name)
+        declared = _declared_rank(name)
+        return None if declared is None else _join(*declared)
+
+
+def peek(name: str) -> tuple[int, int] | None:
+    """(rank, world size) of this process in group ``name``, or None; unlike ``find``,
+    a declared group is not joined (joining a gloo group waits for every rank)."""
+    with _LOCK:
+        group = _GROUPS.get(name)
+        if group is not None:
+            return group.rank, group.world_size
+        parent, _, suffix = name.rpartition(":")
+        if name in _OUTSIDE or (suffix in PREDEFINED and parent not in _GROUPS):
+            return None  # a team of a group this process has not joined yet
+        if suffix in PREDEFINED:
+            group = find(name)
+            return None if group is None else (group.rank, group.world_size)
+        declared = _declared_rank(name)
+        return None if declared is None else (declared[2], declared[1].world_size)
 
 
 def lookup(name: str) -> Group:
@@ -161,17 +192,21 @@ def lookup(name: str) -> Group:
         "declare_collective_group(actors, ...) on the driver first", name)
 
 
-def _join_declared(name: str) -> Group | None:
+def _declared_rank(name: str) -> tuple[Any, GroupSpec, int] | None:
+    """(store, spec, rank) of a group the driver declared with this actor as a member;
+    None if there is none, or it is the very group this process destroyed."""
     if not ray.is_initialized():
         return None
     store = rendezvous.find_store(name)
     actor_id = ray.get_runtime_context().get_actor_id()
     if store is None or actor_id is None:
         return None
+    if name in _GONE and _GONE_STORE.get(name) == rendezvous.store_id(store):
+        return None  # a new declaration under the same name makes a new store: that one joins
     spec: GroupSpec = rendezvous.call(store, "spec", group=name)
     if spec.members is None or actor_id not in spec.members:
         return None
-    return _join(store, spec, spec.members.index(actor_id))
+    return store, spec, spec.members.index(actor_id)
 
 
 def _predefined(owner: Group, suffix: str, name: str) -> Group | None:
@@ -197,6 +232,7 @@ def add_team(parent: Group, team: teams.Team, name: str) -> int:
         comm = parent.comm.split(team)
         _GROUPS[name] = Group(name, parent.backend, comm, parent=parent.name)
         _GONE.pop(name, None)
+        _GONE_STORE.pop(name, None)
         _OUTSIDE.discard(name)
         parent.teams.append(name)
         return comm.rank
@@ -211,6 +247,7 @@ def destroy(name: str) -> None:
             _destroy_from_outside(name)
             return
         _GONE[name] = "destroyed"
+        _GONE_STORE[name] = None if group.store is None else rendezvous.store_id(group.store)
         for team in list(group.teams):
             destroy(team)
         if group.parent is not None:
@@ -240,10 +277,12 @@ def _destroy_from_outside(name: str) -> None:
     In an actor that never used the group this is a no-op (its membership, if
     declared, is simply never taken up).
     """
-    if name in _GONE or not ray.is_initialized():
+    if not ray.is_initialized():
         return
     if ray.get_runtime_context().get_actor_id() is not None:
+        store = rendezvous.find_store(name)
         _GONE[name] = "destroyed"
+        _GONE_STORE[name] = None if store is None else rendezvous.store_id(store)
         return
     store = rendezvous.find_store(name)
     if store is not None:

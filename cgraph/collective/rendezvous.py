@@ -111,6 +111,11 @@ class GroupStore:
         self._nonce = uuid.uuid4().hex[:8]
         self._state = _State()
         atexit.register(self.shutdown)  # a store ended without leave() still unlinks
+        from cgraph.channels.segments import cleanup_stale_segments
+
+        # links of stores that died without their exit hook (ray.shutdown() before a
+        # destroy kills them outright) are freed here, as compile frees a dead driver's
+        cleanup_stale_segments()
 
     def spec(self) -> GroupSpec:
         return self._spec
@@ -122,9 +127,10 @@ class GroupStore:
             return Reply(error=_not_declared(self._spec, members is None))
         return Reply(members.index(actor_id))
 
-    def join(self, rank: int, world_size: int, backend: str, node: str) -> Reply:
+    def join(self, rank: int, world_size: int, backend: str, node: str,
+             timeout_s: float | None = None) -> Reply:
         """Register ``rank`` and hand it what it needs to connect."""
-        problem = self._check_join(rank, world_size, backend, node)
+        problem = self._check_join(rank, world_size, backend, node, timeout_s)
         if problem:
             return Reply(error=problem)
         self._state.joined[rank] = f"pid {os.getpid()}@{node[:8]}"
@@ -165,12 +171,15 @@ class GroupStore:
         return removed
 
     # ------------------------------------------------------------------ internals
-    def _check_join(self, rank: int, world_size: int, backend: str, node: str) -> str | None:
+    def _check_join(self, rank: int, world_size: int, backend: str, node: str,
+                    timeout_s: float | None) -> str | None:
         spec, name = self._spec, self._spec.name
-        if (world_size, backend) != (spec.world_size, spec.backend):
+        timeout_s = spec.timeout_s if timeout_s is None else timeout_s
+        if (world_size, backend, timeout_s) != (spec.world_size, spec.backend, spec.timeout_s):
             return (f"group {name!r} exists with world_size={spec.world_size}, "
-                    f"backend={spec.backend!r}; this rank asked for world_size={world_size}, "
-                    f"backend={backend!r}. Every rank must pass the same values.")
+                    f"backend={spec.backend!r}, timeout_s={spec.timeout_s:g}; this rank asked "
+                    f"for world_size={world_size}, backend={backend!r}, timeout_s={timeout_s:g}. "
+                    "Every rank must pass the same values.")
         if not 0 <= rank < spec.world_size:
             return (f"rank {rank} is outside group {name!r} (ranks 0..{spec.world_size - 1})")
         if rank in self._state.joined:
@@ -243,7 +252,21 @@ def create_store(spec: GroupSpec, *, exclusive: bool) -> Any:
             f"group {spec.name!r} already exists; destroy_collective_group({spec.name!r}) "
             "first or pick another group_name", spec.name)
     options = dict(name=name, get_if_exists=not exclusive, lifetime="non_detached", **_placement())
-    return _StoreActor.options(**options).remote(spec)
+    store = _StoreActor.options(**options).remote(spec)
+    _HELD[spec.name] = store
+    return store
+
+
+_HELD: dict[str, Any] = {}
+"""The handle ``create_store`` returned, per group. Ray ends a non-detached actor
+when the process that created it drops the handle it got then (handles found by
+name do not count), so the creator of a store keeps it here, even after leaving
+the group, until the store is killed: the other members still need it."""
+
+
+def store_id(store: Any) -> str:
+    """A store actor's id: a new group of the same name has a new one."""
+    return store._actor_id.hex()
 
 
 def find_store(group: str) -> Any | None:
@@ -277,6 +300,8 @@ def call(store: Any, method: str, *args: Any, timeout: float = RENDEZVOUS_TIMEOU
 def kill_store(store: Any, group: str, wait_s: float = 5.0) -> None:
     """Kill the store and wait (briefly) until its name is free for a new group."""
     ray.kill(store, no_restart=True)
+    if _HELD.get(group) is not None and store_id(_HELD[group]) == store_id(store):
+        del _HELD[group]
     deadline = time.monotonic() + wait_s
     while find_store(group) is not None and time.monotonic() < deadline:
         time.sleep(0.02)

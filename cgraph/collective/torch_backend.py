@@ -106,6 +106,10 @@ class TorchComm:
 
     def allgather(self, outs: Sequence[Any], tensor: Any) -> None:
         self._agree(signatures.encode("allgather", tensor))
+        if tensor.is_complex():  # gloo gathers no complex type: gather their real views
+            import torch
+
+            tensor, outs = torch.view_as_real(tensor), [torch.view_as_real(o) for o in outs]
         self._wait("allgather", lambda pg: pg.allgather([list(outs)], [tensor]))
 
     def reducescatter(self, out: Any, parts: Sequence[Any], op: ReduceOp) -> None:
