@@ -28,7 +28,9 @@ numpy arrays of plain dtypes travel as (buffer, dtype string, shape, order),
 about 3x cheaper per array than numpy's own reducer; strided arrays are made
 contiguous first (one copy, still read zero-copy). Tensors travel as a flat
 uint8 view of their bytes plus (dtype, shape), which covers dtypes numpy lacks
-(bfloat16, float8, ...). Other objects use their own reducers. Small plain
+(bfloat16, float8, ...). Other objects use their own reducers, through Ray's
+cloudpickle once Ray is loaded (``pickler_base``): classes and functions of a
+driver script's ``__main__`` travel by value, as through Ray. Small plain
 values (int, str, ...) take a fast path: one ``pickle.dumps``, no buffers.
 
 Exceptions round-trip through pickle. One that cannot be pickled (a lock in an
@@ -39,6 +41,7 @@ text, so an error value always reaches the reader.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import struct
@@ -181,11 +184,38 @@ def loads(src: memoryview, writable: bool = False) -> Any:
 _local = threading.local()
 
 
+_CLOUD: type | None = None
+
+
+def pickler_base() -> type:
+    """The Pickler values are pickled with: Ray's cloudpickle once Ray is loaded (in
+    every process of a compiled graph), so classes and functions of a driver script's
+    ``__main__``, local ones and lambdas travel by value, as they do through Ray; plain
+    pickle in a process without Ray."""
+    global _CLOUD
+    if _CLOUD is None:
+        if "ray" not in sys.modules:
+            return pickle.Pickler
+        from ray import cloudpickle
+
+        _CLOUD = cloudpickle.Pickler
+    return _CLOUD
+
+
+@functools.cache
+def on_base(mixin: type, base: type) -> type:
+    """``mixin`` (a Pickler's own methods) over ``base``; ``_base_override`` is the
+    base's ``reducer_override`` (cloudpickle's), for the mixin's to fall back on."""
+    override = getattr(base, "reducer_override", None)
+    return type(mixin.__name__, (mixin, base),
+                {"_base_override": None if override is None else staticmethod(override)})
+
+
 def _pickle(value: Any) -> tuple[bytes, list[memoryview], list[int]]:
     # One pickler per thread, reused: building one costs ~3 us, a whole small hop.
-    pickler = getattr(_local, "pickler", None)
-    if pickler is None or pickler.busy:  # busy: a reducer re-entered dumps
-        pickler = _local.pickler = _OutOfBandPickler(io.BytesIO())
+    pickler, base = getattr(_local, "pickler", None), pickler_base()
+    if pickler is None or pickler.busy or not isinstance(pickler, base):  # busy: re-entered
+        pickler = _local.pickler = on_base(_OutOfBandPickler, base)(io.BytesIO())
     pickler.start()
     try:
         pickler.dump(value)
@@ -194,12 +224,15 @@ def _pickle(value: Any) -> tuple[bytes, list[memoryview], list[int]]:
         pickler.forget()
 
 
-class _OutOfBandPickler(pickle.Pickler):
-    """Protocol-5 pickler with lean reducers for numpy arrays and CPU torch tensors.
+class _OutOfBandPickler:
+    """Protocol-5 pickler with lean reducers for numpy arrays and CPU torch tensors
+    (a mixin: ``on_base`` puts it over ``pickler_base()``).
 
     numpy's own protocol-5 reducer pickles the dtype object and costs ~3x more
     per array than this one, which matters for the per-value overhead.
     """
+
+    _base_override: Any = None
 
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=5, buffer_callback=self._on_buffer)
@@ -222,6 +255,9 @@ class _OutOfBandPickler(pickle.Pickler):
         self.file.seek(0)
         self.file.truncate()
         self.clear_memo()
+        globals_ref = getattr(self, "globals_ref", None)  # cloudpickle's, per dump
+        if globals_ref:
+            globals_ref.clear()
         self._writable = {}
         self.buffers, self.flags = [], []
         self.busy = False
@@ -241,7 +277,8 @@ class _OutOfBandPickler(pickle.Pickler):
             buf = pickle.PickleBuffer(flat.view(sys.modules["torch"].uint8).numpy())
             self._writable[id(buf)] = buf
             return _rebuild_tensor, (buf, obj.dtype, tuple(obj.shape), obj.requires_grad)
-        return NotImplemented
+        base = self._base_override
+        return NotImplemented if base is None else base(self, obj)
 
     def _on_buffer(self, pb: pickle.PickleBuffer) -> bool:
         self.buffers.append(pb.raw())

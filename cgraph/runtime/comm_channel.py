@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cgraph.channels.communicator import view_receiver
+from cgraph.channels.serialization import on_base, pickler_base
 from cgraph.errors import RuntimeGraphError
 from cgraph.runtime.error_value import ErrorValue
 
@@ -88,7 +89,9 @@ class Encoded:
 
 
 # --------------------------------------------------------------------------- encoding
-class _Extractor(pickle.Pickler):
+class _Extractor:
+    """Pickles a value's structure, taking its tensors out (a mixin over ``pickler_base()``)."""
+
     def __init__(self, file: io.BytesIO, tensor_type: type) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.tensor_type = tensor_type
@@ -130,7 +133,7 @@ def encode(value: Any, *, node: str, direct_return: bool, origin: Origin) -> Enc
         ))
     else:
         file = io.BytesIO()
-        pickler = _Extractor(file, torch.Tensor)
+        pickler = on_base(_Extractor, pickler_base())(file, torch.Tensor)
         try:
             pickler.dump(value)
         except Exception as exc:  # noqa: BLE001 - the user's value; reported downstream
@@ -139,8 +142,30 @@ def encode(value: Any, *, node: str, direct_return: bool, origin: Origin) -> Enc
                 f"{type(exc).__name__}: {exc}"
             ))
         structure, tensors = file.getvalue(), pickler.tensors
-    ready = tuple(t.detach() for t in tensors)
+    for t in tensors:
+        kind = _unsendable_kind(t, torch)
+        if kind:
+            return origin(TypeError(
+                f"the value of node {node} holds a {kind} tensor {tuple(t.shape)}, which a "
+                "communicator cannot send as it sends bytes: send a dense, strided tensor "
+                "(t.to_dense(), t.dequantize(), torch.nested's unbind()) or use the shm transport"
+            ))
+    # a conjugate or negative view sends the values it shows, not its storage's bytes
+    ready = tuple(t.detach().resolve_conj().resolve_neg() for t in tensors)
     return Encoded(structure, ready, tuple((tuple(t.shape), t.dtype) for t in ready))
+
+
+def _unsendable_kind(t: Any, torch: Any) -> str:
+    """What keeps ``t`` from crossing as raw bytes ("" when nothing does)."""
+    if getattr(t, "is_nested", False):
+        return "nested"
+    if t.is_quantized:
+        return "quantized"
+    if t.is_meta:
+        return "meta"
+    if t.layout is not torch.strided:
+        return str(t.layout).removeprefix("torch.")
+    return ""
 
 
 def decode(structure: bytes | None, tensors: list[Any]) -> Any:

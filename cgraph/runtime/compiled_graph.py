@@ -421,7 +421,7 @@ class CompiledGraph:
         bookkeeping of several outputs (most calls: execute, then get)."""
         reader = self._single
         try:
-            value = reader.read(timeout=_remaining(deadline))
+            value = _read_output(reader, _remaining(deadline), index)
         except ChannelTimeoutError:
             raise self._timeout_error(index) from None
         except ChannelClosedError:
@@ -496,7 +496,7 @@ class CompiledGraph:
             first = pending[0][0]
             for node, reader in pending:
                 try:
-                    value = reader.read(timeout=wait if node == first else 0)
+                    value = _read_output(reader, wait if node == first else 0, index)
                 except ChannelTimeoutError:
                     continue
                 except ChannelClosedError:
@@ -573,3 +573,16 @@ def _quietly(fn: Callable[[], Any]) -> None:
 def _teardown_all() -> None:
     for graph in list(_LIVE):
         _quietly(lambda g=graph: g.teardown(timeout=2.0))
+
+
+def _read_output(reader: Any, timeout: float | None, index: int) -> Any:
+    """The next value of an output channel; one the driver cannot unpickle (a class
+    from a module only the actors have) is that execution's error, not a gap that
+    would shift every later result by one."""
+    try:
+        return reader.read(timeout=timeout)
+    except RuntimeGraphError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the slot is released; the execution is read
+        exc.add_note("cgraph: the driver could not unpickle this output")
+        return ErrorValue.capture(exc, actor="driver", method="<read output>", execution_index=index)

@@ -20,7 +20,7 @@ from types import CoroutineType
 from typing import Any
 
 from cgraph.channels.intra_channel import IntraWriter
-from cgraph.errors import ChannelClosedError
+from cgraph.errors import ChannelClosedError, RuntimeGraphError
 from cgraph.runtime.affinity import pin_thread
 from cgraph.runtime.comm_ops import handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
@@ -146,7 +146,15 @@ def read_step(op: Op, ctx: Context) -> Step:
     reader, to_release = ctx.readers[node], ctx.to_release
 
     def read() -> None:
-        values[node] = reader.read()
+        try:
+            values[node] = reader.read()
+        except RuntimeGraphError:
+            raise  # closed (the loop ends), a failed wait: the channel itself
+        except Exception as exc:  # noqa: BLE001 - the value arrived but cannot be rebuilt here
+            # (unpickling failed: a module this actor lacks, a failing __setstate__); the
+            # slot is already released: this execution carries the error on, the loop lives
+            values[node] = _transfer_error(ctx, node, exc, "could not be unpickled on this actor")
+            return
         to_release.append(reader)
 
     return read
@@ -160,10 +168,30 @@ def write_step(op: Op, ctx: Context) -> Step:
         value = values[node]
         if type(value) is Pending and not pass_pending:
             value = ctx.value(node)
-        for writer in writers:
-            writer.write(value)
+        done = 0
+        try:
+            for writer in writers:
+                writer.write(value)
+                done += 1
+        except RuntimeGraphError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - nothing written to this writer (pickling
+            # failed, no room for the slot): its readers get the error, the loop lives
+            error = _transfer_error(ctx, node, exc, "could not be sent")
+            for writer in writers[done:]:
+                writer.write(error)
 
     return write
+
+
+def _transfer_error(ctx: Context, node: str, exc: Exception, what: str) -> ErrorValue:
+    """``exc``, raised moving node ``node``'s value between actors, as the value's error."""
+    spec = ctx.program.computes.get(node)
+    exc.add_note(f"cgraph: the value of node {node} {what} (actor {ctx.program.label}); "
+                 "values cross actors pickled (Ray's cloudpickle)")
+    return ErrorValue.capture(exc, actor=ctx.program.label,
+                              method=spec.method if spec is not None else f"<{node}>",
+                              execution_index=ctx.execution)
 
 
 def compute_step(op: Op, ctx: Context) -> Step:

@@ -163,6 +163,19 @@ def test_encode_reports_values_that_cannot_be_sent() -> None:
     assert decode(None, ["t"]) == "t"
 
 
+def test_views_send_their_values_and_layouts_without_bytes_are_refused() -> None:
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    (got,), _ = transfer([[z.conj(), torch.ones(2)._neg_view()]], TensorHint("nccl"))
+    assert got[0].tolist() == [1 - 2j, 3 + 1j] and got[1].tolist() == [-1.0, -1.0]
+    for bad, kind in [
+        (torch.ones(2, 2).to_sparse(), "sparse_coo"),
+        (torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8), "quantized"),
+        (torch.empty(2, device="meta"), "meta"),
+    ]:
+        item = encode({"t": bad}, node="n2", direct_return=False, origin=origin)
+        assert isinstance(item, ErrorValue) and f"holds a {kind} tensor" in item.message, item
+
+
 def test_one_tensor_twice_arrives_once_and_stays_shared() -> None:
     t = torch.ones(3)
     item = encode([t, {"again": t}], node="n1", direct_return=False, origin=origin)
