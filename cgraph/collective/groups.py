@@ -197,9 +197,9 @@ def _declared_rank(name: str) -> tuple[Any, GroupSpec, int] | None:
     None if there is none, or it is the very group this process destroyed."""
     if not ray.is_initialized():
         return None
-    store = rendezvous.find_store(name)
     actor_id = ray.get_runtime_context().get_actor_id()
-    if store is None or actor_id is None:
+    store = None if actor_id is None else rendezvous.find_store(name)  # the driver is no member
+    if store is None:
         return None
     if name in _GONE and _GONE_STORE.get(name) == rendezvous.store_id(store):
         return None  # a new declaration under the same name makes a new store: that one joins
