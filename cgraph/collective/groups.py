@@ -59,9 +59,8 @@ class Group:
 
 
 _GROUPS: dict[str, Group] = {}
-_GONE: dict[str, str] = {}  # destroyed names -> how
-_GONE_STORE: dict[str, str | None] = {}  # destroyed names -> id of the store left (None: none)
-_DECLARED: dict[str, Any] = {}  # the driver's handles: a store lives while a handle does
+_GONE: dict[str, str | None] = {}  # destroyed names -> id of the store left then (None: none)
+_DECLARED: set[str] = set()  # groups this driver declared (rendezvous keeps their stores' handles)
 _OUTSIDE: set[str] = set()  # teams this process was left out of (no need to ask Ray)
 _LOCK = threading.RLock()
 
@@ -97,7 +96,8 @@ def declare(actors: Sequence[Any], world_size: int, ranks: Sequence[int], backen
     spec = GroupSpec(name, world_size, row.name, float(timeout_s), tuple(members))
     if not _DECLARED:
         atexit.register(_destroy_declared)  # before Ray's own exit hook shuts it down
-    _DECLARED[name] = rendezvous.create_store(spec, exclusive=True)
+    rendezvous.create_store(spec, exclusive=True)
+    _DECLARED.add(name)
 
 
 def _destroy_declared() -> None:
@@ -134,7 +134,6 @@ def _join(store: Any, spec: GroupSpec, rank: int) -> Group:
     group = Group(spec.name, row, comm, store)
     _GROUPS[spec.name] = group
     _GONE.pop(spec.name, None)
-    _GONE_STORE.pop(spec.name, None)
     return group
 
 
@@ -183,7 +182,7 @@ def lookup(name: str) -> Group:
         return group
     if name in _GONE:
         raise CollectiveGroupError(
-            f"group {name!r} was {_GONE[name]} in this process; call init_collective_group "
+            f"group {name!r} was destroyed in this process; call init_collective_group "
             "again to use a group of that name", name)
     known = sorted(_GROUPS) or "none"
     raise CollectiveGroupError(
@@ -201,7 +200,7 @@ def _declared_rank(name: str) -> tuple[Any, GroupSpec, int] | None:
     store = None if actor_id is None else rendezvous.find_store(name)  # the driver is no member
     if store is None:
         return None
-    if name in _GONE and _GONE_STORE.get(name) == rendezvous.store_id(store):
+    if name in _GONE and _GONE[name] == rendezvous.store_id(store):
         return None  # a new declaration under the same name makes a new store: that one joins
     spec: GroupSpec = rendezvous.call(store, "spec", group=name)
     if spec.members is None or actor_id not in spec.members:
@@ -232,7 +231,6 @@ def add_team(parent: Group, team: teams.Team, name: str) -> int:
         comm = parent.comm.split(team)
         _GROUPS[name] = Group(name, parent.backend, comm, parent=parent.name)
         _GONE.pop(name, None)
-        _GONE_STORE.pop(name, None)
         _OUTSIDE.discard(name)
         parent.teams.append(name)
         return comm.rank
@@ -246,8 +244,7 @@ def destroy(name: str) -> None:
         if group is None:
             _destroy_from_outside(name)
             return
-        _GONE[name] = "destroyed"
-        _GONE_STORE[name] = None if group.store is None else rendezvous.store_id(group.store)
+        _GONE[name] = None if group.store is None else rendezvous.store_id(group.store)
         for team in list(group.teams):
             destroy(team)
         if group.parent is not None:
@@ -279,17 +276,15 @@ def _destroy_from_outside(name: str) -> None:
     """
     if not ray.is_initialized():
         return
-    if ray.get_runtime_context().get_actor_id() is not None:
-        store = rendezvous.find_store(name)
-        _GONE[name] = "destroyed"
-        _GONE_STORE[name] = None if store is None else rendezvous.store_id(store)
-        return
     store = rendezvous.find_store(name)
+    if ray.get_runtime_context().get_actor_id() is not None:
+        _GONE[name] = None if store is None else rendezvous.store_id(store)
+        return
     if store is not None:
         with contextlib.suppress(Exception):
             rendezvous.call(store, "shutdown", timeout=10.0)
         rendezvous.kill_store(store, name)
-    _DECLARED.pop(name, None)  # only now: dropping the last handle ends the store
+    _DECLARED.discard(name)
 
 
 def destroy_all() -> None:

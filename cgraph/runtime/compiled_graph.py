@@ -421,11 +421,15 @@ class CompiledGraph:
         bookkeeping of several outputs (most calls: execute, then get)."""
         reader = self._single
         try:
-            value = _read_output(reader, _remaining(deadline), index)
+            value = reader.read(timeout=_remaining(deadline))
         except ChannelTimeoutError:
             raise self._timeout_error(index) from None
         except ChannelClosedError:
             raise self._closed_error() from None
+        except RuntimeGraphError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the slot is released; the execution is read
+            value = _unreadable(exc, index)
         reader.release()
         self._next_read += 1
         if type(value) is ErrorValue:
@@ -496,11 +500,15 @@ class CompiledGraph:
             first = pending[0][0]
             for node, reader in pending:
                 try:
-                    value = _read_output(reader, wait if node == first else 0, index)
+                    value = reader.read(timeout=wait if node == first else 0)
                 except ChannelTimeoutError:
                     continue
                 except ChannelClosedError:
                     raise self._closed_error() from None
+                except RuntimeGraphError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the slot is released
+                    value = _unreadable(exc, index)
                 reader.release()
                 self._partial[node] = value
                 if type(value) is ErrorValue and index == want and len(pending) > 1:
@@ -575,14 +583,9 @@ def _teardown_all() -> None:
         _quietly(lambda g=graph: g.teardown(timeout=2.0))
 
 
-def _read_output(reader: Any, timeout: float | None, index: int) -> Any:
-    """The next value of an output channel; one the driver cannot unpickle (a class
-    from a module only the actors have) is that execution's error, not a gap that
-    would shift every later result by one."""
-    try:
-        return reader.read(timeout=timeout)
-    except RuntimeGraphError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the slot is released; the execution is read
-        exc.add_note("cgraph: the driver could not unpickle this output")
-        return ErrorValue.capture(exc, actor="driver", method="<read output>", execution_index=index)
+def _unreadable(exc: Exception, index: int) -> ErrorValue:
+    """An output the driver took but cannot unpickle (a class from a module only the
+    actors have): that execution's error, not a gap that would shift every later
+    result by one."""
+    exc.add_note("cgraph: the driver could not unpickle this output")
+    return ErrorValue.capture(exc, actor="driver", method="<read output>", execution_index=index)

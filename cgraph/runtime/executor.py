@@ -168,18 +168,16 @@ def write_step(op: Op, ctx: Context) -> Step:
         value = values[node]
         if type(value) is Pending and not pass_pending:
             value = ctx.value(node)
-        done = 0
         try:
             for writer in writers:
                 writer.write(value)
-                done += 1
         except RuntimeGraphError:
             raise
         except Exception as exc:  # noqa: BLE001 - nothing written to this writer (pickling
-            # failed, no room for the slot): its readers get the error, the loop lives
+            # failed, no room for the slot): it and those after it carry the error instead
             error = _transfer_error(ctx, node, exc, "could not be sent")
-            for writer in writers[done:]:
-                writer.write(error)
+            for rest in writers[writers.index(writer):]:
+                rest.write(error)
 
     return write
 
