@@ -211,6 +211,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     default_communicator: Any = None,
     cpu_affinity: Any = None,
     max_buffered_results: int = 1000,
+    max_value_bytes: int = 16 << 30,
 ) -> Any:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
@@ -237,6 +238,9 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         max_buffered_results: results taken from the output channels but not
             yet read by their refs (a later execution was read first), at most;
             a get() that would buffer one more raises ``CapacityError``.
+        max_value_bytes: the largest value an edge between nodes carries (16 GiB); a
+            larger one is that execution's error at the sender, and a frame that
+            announces more is refused before memory is allocated.
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,

@@ -78,6 +78,12 @@ class ChannelClosedError(RuntimeGraphError):
     """A channel was closed (teardown or a failure elsewhere) while in use."""
 
 
+class ChannelLostError(ChannelClosedError):
+    """The other end of a channel went away (its process exited, its node became
+    unreachable, or the stream broke): names the channel and the peer. Not an
+    actor's death: the actor that reports it is alive."""
+
+
 class ChannelTimeoutError(RuntimeGraphError, builtins.TimeoutError):
     """A channel operation did not complete in time."""
 

@@ -1,23 +1,28 @@
 """The control server of socket channels: where endpoints meet, and who closes them.
 
 It lives in the process that owns the channels (the driver): one listening
-socket and a daemon thread sleeping in ``selectors``. Each endpoint of a socket
-channel opens one control connection at ``attach`` and says hello; the server
-keeps, per channel name, those connections, the reader's data address and a
-closed flag. It never carries values. The protocol is ASCII lines::
+socket on the node's own address and a daemon thread sleeping in
+``selectors``. Each endpoint of a socket channel opens one control connection
+at ``attach``. Before the server reads a line from it, the connection runs the
+mutual handshake (``handshake.Acceptor``) with the claim
+``control <name> <role>``: the server checks it with the secret of channel
+``name`` (given at ``register_channel``) and proves the same back. A connection
+that claims an unknown channel, proves nothing, sends a byte too many or takes
+longer than ``HANDSHAKE_S`` is closed and counted (``refusals``); the server
+keeps serving. Then the protocol is ASCII lines::
 
     endpoint -> server                     server -> endpoint
-    HELLO <name> r <host> <port>  reader   ADDR <host> <port>  to the writer, once the
-    HELLO <name> w                writer                       reader said hello
-    HELLO <name> o                a one-shot closer (a detached endpoint's close)
-    CLOSE                         close the channel   CLOSED  to every endpoint of a
-                                                              closed, unknown or unlinked
-                                                              channel (also on hello)
+    (role r) LISTEN <host> <port>          ADDR <host> <port>  to the writer, once the
+                                                               reader said where
+    CLOSE    close the channel             CLOSED  to every endpoint of a closed
+                                                   channel (also at once, if it is)
 
-The end of a control connection drops it (an endpoint detached or exited;
-the channel stays open); a line the server does not understand drops that
-connection only. ``SocketChannel.close``/``unlink`` call in from any thread;
-one lock guards the table, and every send is a non-blocking one-liner.
+Roles: ``w`` writer, ``r`` reader, ``o`` a one-shot closer (a detached
+endpoint's close). The end of a control connection drops it (an endpoint
+detached or exited; the channel stays open); a line the server does not
+understand drops that connection only. ``SocketChannel.close``/``unlink`` call
+in from any thread; one lock guards the table, and every send is a
+non-blocking one-liner.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import weakref
 from dataclasses import dataclass, field
 
 from cgraph._log import logger
+from cgraph.channels.handshake import HANDSHAKE_S, Acceptor, AuthError, RefusalLog
+from cgraph.channels.socket_endpoint import tune
 from cgraph.errors import ChannelClosedError
 
 _MAX_LINE = 1024
@@ -43,9 +50,11 @@ class _Conn:
     """One control connection, as the server sees it."""
 
     sock: socket.socket
+    auth: Acceptor | None  # the handshake in progress; None once the peer proved itself
+    deadline: float = 0.0  # of the handshake
     buf: bytes = b""
     name: str = ""
-    role: str = ""  # after hello: "w" writer, "r" reader, "o" a one-shot closer
+    role: str = ""  # once proven: "w" writer, "r" reader, "o" a one-shot closer
     dead: bool = False
 
 
@@ -53,6 +62,7 @@ class _Conn:
 class _Entry:
     """What the server knows of one channel."""
 
+    secret: bytes = b""
     closed: bool = False
     conns: list[_Conn] = field(default_factory=list)
     reader: _Conn | None = None
@@ -80,6 +90,7 @@ class ControlServer:
         self._lock = threading.Lock()
         self._channels: dict[str, _Entry] = {}
         self._conns: set[_Conn] = set()
+        self.refusals = RefusalLog(f"socket channel control server {self.address}")
         self._stopped = False
         self._pid = os.getpid()
         name = f"cgraph-control-{self.address[1]}"
@@ -123,8 +134,9 @@ class ControlServer:
         self._selector.close()
 
     # ----------------------------------------------------------------- for SocketChannel
-    def register_channel(self, name: str) -> None:
-        """Start tracking channel ``name`` (open, no endpoint yet).
+    def register_channel(self, name: str, secret: bytes) -> None:
+        """Start tracking channel ``name`` (open, no endpoint yet); its endpoints prove
+        they know ``secret``.
 
         Raises:
             FileExistsError: it is tracked already. ChannelClosedError: the server is closed.
@@ -137,7 +149,7 @@ class ControlServer:
                 )
             if name in self._channels:
                 raise FileExistsError(f"socket channel {name} exists (same tag and channel id)")
-            self._channels[name] = _Entry()
+            self._channels[name] = _Entry(secret)
 
     def close_channel(self, name: str) -> None:
         """Mark ``name`` closed and tell its endpoints (any thread; unknown names: no-op)."""
@@ -160,8 +172,8 @@ class ControlServer:
     # ----------------------------------------------------------------- the thread
     def _serve(self) -> None:
         while True:
-            try:
-                events = self._selector.select()  # sleeps in the kernel until a socket speaks
+            try:  # sleeps in the kernel until a socket speaks or a handshake's time is up
+                events = self._selector.select(self._next_deadline())
             except (OSError, ValueError):  # closed under us
                 return
             with self._lock:
@@ -174,10 +186,24 @@ class ControlServer:
                         self._wake_r.recv(64)
                     elif not key.data.dead:
                         self._serve_one(key.data)
+                self._expire()
+
+    def _next_deadline(self) -> float | None:
+        with self._lock:
+            soonest = min((c.deadline for c in self._conns if c.auth is not None), default=None)
+        return None if soonest is None else max(0.0, soonest - time.monotonic()) + 0.01
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for conn in [c for c in self._conns if c.auth is not None and c.deadline <= now]:
+            self._refuse(conn, f"no proof within {HANDSHAKE_S:g} s")
 
     def _serve_one(self, conn: _Conn) -> None:
         try:
-            self._on_readable(conn)
+            if conn.auth is not None:
+                self._authenticate(conn)
+            else:
+                self._on_readable(conn)
         except Exception:  # a bug must not stop the server: drop that connection only
             logger.exception("socket channel control server: dropping a control connection")
             self._drop(conn)
@@ -191,11 +217,47 @@ class ControlServer:
             logger.warning("socket channel control server cannot accept: %s", exc)
             time.sleep(_BACKOFF_S)
             return
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(sock)
+        conn = _Conn(sock, Acceptor(self._secret_for), time.monotonic() + HANDSHAKE_S)
+        try:
+            sock.setblocking(False)
+            tune(sock)
+            sock.send(conn.auth.challenge)  # type: ignore[union-attr] # a fresh socket takes it
+        except OSError:
+            sock.close()
+            return
         self._conns.add(conn)
         self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _secret_for(self, claim: bytes) -> bytes | None:
+        """The secret that proves ``control <name> <role>``: channel ``name``'s."""
+        words = claim.split(b" ")
+        if len(words) != 3 or words[0] != b"control" or words[2] not in (b"w", b"r", b"o"):
+            return None
+        entry = self._channels.get(words[1].decode("ascii", "replace"))
+        return None if entry is None else entry.secret
+
+    def _authenticate(self, conn: _Conn) -> None:
+        """One step of a connection's handshake: nothing else is read before it succeeds."""
+        assert conn.auth is not None
+        try:
+            data = conn.sock.recv(conn.auth.wanted())
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            return self._refuse(conn, exc)
+        try:
+            if not data:
+                raise AuthError("it closed the connection during the handshake")
+            proof = conn.auth.feed(data)
+        except AuthError as exc:
+            return self._refuse(conn, exc)
+        if proof is None:
+            return None
+        _, name, role = (conn.auth.claim or b"").decode("ascii").split(" ")
+        conn.auth = None
+        _say(conn, proof)
+        self._hello(conn, name, role)
+        return None
 
     def _on_readable(self, conn: _Conn) -> None:
         try:
@@ -211,40 +273,46 @@ class ControlServer:
             if conn.dead:
                 break
             words = line.decode("ascii", "replace").split()
-            if words == ["CLOSE"] and conn.role:
+            if words == ["CLOSE"]:
                 self._close_locked(conn.name)
-            elif not conn.role and _is_hello(words):
-                self._hello(conn, words[1], words[2], " ".join(words[3:]))
+            elif conn.role == "r" and len(words) == 3 and words[0] == "LISTEN" and words[2].isdigit():
+                self._listening(conn, f"{words[1]} {words[2]}")
             else:
                 self._refuse(conn, repr(line[:80]))
         if len(conn.buf) > _MAX_LINE and not conn.dead:
             self._refuse(conn, f"a line longer than {_MAX_LINE} bytes")
         return None
 
-    def _refuse(self, conn: _Conn, what: str) -> None:
-        logger.warning(
-            "socket channel control server: dropped a connection that sent %s "
-            "(not a cgraph endpoint, or one of another cgraph version)", what
-        )
+    def _refuse(self, conn: _Conn, what: object) -> None:
+        try:
+            peer: object = conn.sock.getpeername()
+        except OSError:
+            peer = "?"
+        self.refusals.refuse(peer, what)
         self._drop(conn)
 
-    def _hello(self, conn: _Conn, name: str, role: str, addr: str) -> None:
+    def _hello(self, conn: _Conn, name: str, role: str) -> None:
         conn.name, conn.role = name, role
         entry = self._channels.get(name)
-        if entry is None:  # unlinked, or never created here: closed for good
+        if entry is None:  # forgotten while it proved itself
             _say(conn, b"CLOSED\n")
             return self._drop(conn)
         entry.conns.append(conn)
         if entry.closed:
             _say(conn, b"CLOSED\n")
-        elif role == "r":
-            entry.reader, entry.addr = conn, addr
-            for peer in entry.conns:
-                if peer.role == "w":
-                    _say(peer, f"ADDR {addr}\n".encode())
         elif role == "w" and entry.addr:
             _say(conn, f"ADDR {entry.addr}\n".encode())
         return None
+
+    def _listening(self, conn: _Conn, addr: str) -> None:
+        """The reader said where it listens: tell the writers."""
+        entry = self._channels.get(conn.name)
+        if entry is None or entry.closed:
+            return
+        entry.reader, entry.addr = conn, addr
+        for peer in entry.conns:
+            if peer.role == "w":
+                _say(peer, f"ADDR {addr}\n".encode())
 
     def _close_locked(self, name: str) -> None:
         entry = self._channels.get(name)
@@ -275,13 +343,6 @@ def _say(conn: _Conn, line: bytes) -> None:
         conn.sock.send(line)
     except OSError:
         pass  # gone: the end of its stream drops it
-
-
-def _is_hello(words: list[str]) -> bool:
-    """``HELLO name w``, ``HELLO name o`` (a one-shot closer) or ``HELLO name r host port``."""
-    if len(words) == 3:
-        return words[0] == "HELLO" and words[2] in ("w", "o")
-    return len(words) == 5 and words[0] == "HELLO" and words[2] == "r" and words[4].isdigit()
 
 
 _LIVE: weakref.WeakSet[ControlServer] = weakref.WeakSet()

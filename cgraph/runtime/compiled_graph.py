@@ -45,6 +45,7 @@ from cgraph.errors import (
     ActorDiedError,
     CapacityError,
     ChannelClosedError,
+    ChannelLostError,
     ChannelTimeoutError,
     ExecuteArgumentError,
     GraphTornDownError,
@@ -67,6 +68,7 @@ register_compat(
 )
 register_compat(CapacityError, ray.exceptions.RayCgraphCapacityExceeded)
 register_compat(GraphTornDownError, ray.exceptions.RayChannelError)
+register_compat(ChannelLostError, ray.exceptions.RayChannelError)
 
 _LIVE: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 _IDS = itertools.count()

@@ -38,7 +38,8 @@ class _ChannelResource:
 
 
 class _ShmResource(_ChannelResource):
-    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+    def __init__(self, spec: Any, tag: str, options: CompileOptions, secret: bytes | None,
+                 ends: tuple[str, str]) -> None:
         self.readers = tuple(spec.readers)
         self.channel = ShmChannel.create(
             tag,
@@ -50,7 +51,8 @@ class _ShmResource(_ChannelResource):
 
 
 class _IntraResource:
-    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+    def __init__(self, spec: Any, tag: str, options: CompileOptions, secret: bytes | None,
+                 ends: tuple[str, str]) -> None:
         self.key = f"{tag}:{spec.id}"
         self.readers = tuple(spec.readers)
         self.max_inflight = options.max_inflight_executions
@@ -71,7 +73,8 @@ class _IntraResource:
 class _CommResource:
     """A COMM channel: its side channel and communicator group are made by ``communicators``."""
 
-    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+    def __init__(self, spec: Any, tag: str, options: CompileOptions, secret: bytes | None,
+                 ends: tuple[str, str]) -> None:
         self.id = spec.id
 
     def writer_handle(self) -> Any:
@@ -90,27 +93,33 @@ class _CommResource:
 class _SocketResource(_ChannelResource):
     """A CROSS_NODE channel: a TCP connection, set up through the driver's control server."""
 
-    def __init__(self, spec: Any, tag: str, options: CompileOptions) -> None:
+    def __init__(self, spec: Any, tag: str, options: CompileOptions, secret: bytes | None,
+                 ends: tuple[str, str]) -> None:
         self.readers = tuple(spec.readers)  # one: the planner makes one per reader
-        self.channel = socket_channel(tag, spec.id, options.max_inflight_executions)
+        self.channel = socket_channel(tag, spec.id, options.max_inflight_executions, secret=secret,
+                                      max_value_bytes=options.max_value_bytes, ends=ends)
 
 
-def socket_channel(tag: str, channel_id: str, max_inflight: int) -> Any:
-    """A one-reader TCP channel whose endpoints find each other through this driver."""
+def socket_channel(tag: str, channel_id: str, max_inflight: int, *, secret: bytes | None = None,
+                   max_value_bytes: int | None = None, ends: tuple[str, str] = ("", "")) -> Any:
+    """A one-reader TCP channel whose endpoints find each other through this driver and
+    prove they know ``secret`` (the graph's; None: one of its own)."""
     import ray
 
     from cgraph.channels.socket_channel import ControlServer, SocketChannel
 
     server = ControlServer.shared(ray.util.get_node_ip_address())
-    return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight)
+    limit = {} if max_value_bytes is None else {"max_value_bytes": max_value_bytes}
+    return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight, secret=secret,
+                                ends=ends, **limit)
 
 
 def node_channel(tag: str, channel_id: str, hosts: tuple[str, str], *, max_inflight: int,
-                 buffer_size: int) -> Any:
+                 buffer_size: int, secret: bytes | None = None) -> Any:
     """A one-reader channel from ``hosts[0]`` to ``hosts[1]`` ("" = the driver's node):
     shared memory when both are the driver's node, else a socket."""
     if any(hosts):
-        return socket_channel(tag, channel_id, max_inflight)
+        return socket_channel(tag, channel_id, max_inflight, secret=secret)
     return ShmChannel.create(tag, channel_id, num_readers=1, max_inflight=max_inflight,
                              buffer_size=buffer_size)
 
@@ -119,8 +128,13 @@ _RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResourc
               "CROSS_NODE": _SocketResource}
 
 
-def create_channel(spec: Any, *, tag: str, options: CompileOptions) -> Any:
+def create_channel(spec: Any, *, tag: str, options: CompileOptions, secret: bytes | None = None,
+                   ends: tuple[str, str] = ("", "")) -> Any:
     """Allocate what one channel needs on the driver.
+
+    Args:
+        secret: the graph's secret, which a socket channel's endpoints prove they know.
+        ends: its writer and reader in words, for errors about a lost peer.
 
     Raises:
         CompileError: a transport this build cannot run yet.
@@ -132,7 +146,7 @@ def create_channel(spec: Any, *, tag: str, options: CompileOptions) -> Any:
             f"({spec.transport}), which this build of cgraph cannot run yet; "
             "use transport='shm' (or 'auto') on that edge"
         )
-    return factory(spec, tag, options)
+    return factory(spec, tag, options, secret, ends)
 
 
 def open_reader(handle: Any) -> Any:

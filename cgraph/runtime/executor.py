@@ -20,7 +20,7 @@ from types import CoroutineType
 from typing import Any
 
 from cgraph.channels.intra_channel import IntraWriter
-from cgraph.errors import ChannelClosedError, RuntimeGraphError
+from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError
 from cgraph.runtime.affinity import pin_thread
 from cgraph.runtime.comm_ops import handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
@@ -279,6 +279,8 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
             for step in steps:
                 step()
             ctx.end_execution()
+    except ChannelLostError as exc:  # a peer went away: say which, the monitor reports it
+        return str(exc)
     except ChannelClosedError:
         return "closed"
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from cgraph._log import logger
+from cgraph.channels.handshake import new_secret
 from cgraph.channels.segments import cleanup_stale_segments
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
@@ -63,11 +64,22 @@ def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
     return tuple(spec)
 
 
-def _allocate(planned: Any, tag: str, options: CompileOptions) -> dict[str, Any]:
+def _allocate(planned: Any, tag: str, options: CompileOptions, secret: bytes) -> dict[str, Any]:
+    graph: Graph = planned.graph
     resources = {}
     for spec in planned.plan.channels:
-        resources[spec.id] = create_channel(spec, tag=tag, options=options)
+        ends = (_describe(graph, "writer", spec.writer), _describe(graph, "reader", spec.readers[0]))
+        resources[spec.id] = create_channel(spec, tag=tag, options=options, secret=secret, ends=ends)
     return resources
+
+
+def _describe(graph: Graph, role: str, actor: str) -> str:
+    """``writer a (Worker) on node 3f2a1b9c`` (``the driver`` for the driver), for errors."""
+    if actor == DRIVER:
+        return "the driver"
+    found = graph.actor(actor)
+    where = f"node {found.host[:8]}" if found.host else "the driver's node"
+    return f"{role} {found.id} ({found.cls}) on {where}"
 
 
 def _program(actor: str, label: str, planned: Any, resources: dict[str, Any], tag: str) -> ActorProgram:
@@ -138,8 +150,9 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
     if removed:
         logger.info("removed %d stale shared-memory segment(s) of dead cgraph drivers", len(removed))
     tag = uuid.uuid4().hex[:8]
+    secret = new_secret()  # reaches the actors inside their programs, through Ray's own calls
     labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
-    resources = _allocate(planned, tag, options)
+    resources = _allocate(planned, tag, options, secret)
     try:
         comm = setup_communicators(front, planned, tag, options)  # groups + side channels
         resources[f"{tag}.communicators"] = comm

@@ -2,19 +2,25 @@
 
 A daemon thread waits (``ray.wait``) on the object refs of the actor loops. A
 loop ref that resolves while the graph is live means the loop ended: the actor
-died (``RayActorError``), or the loop crashed. The monitor records an
-``ActorDiedError`` naming the actor and calls ``on_failure``, which closes every
+died (``RayActorError``: an ``ActorDiedError`` naming it), its loop crashed, or
+one of its channels ended under it (the loop returns why: a ``ChannelLostError``
+naming the channel and the peer, since that actor is alive). A lost channel is
+often a dead peer's doing, so the monitor waits a moment for a death to show
+and reports that instead. Then it calls ``on_failure``, which closes every
 channel so that the driver's ``get()`` and every other actor's loop wake up.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import ray
 
-from cgraph.errors import ActorDiedError, RuntimeGraphError
+from cgraph.errors import ActorDiedError, ChannelLostError, RuntimeGraphError
+
+DEATH_GRACE_S = 3.0
 
 
 class LoopMonitor:
@@ -46,9 +52,30 @@ class LoopMonitor:
                 return
             if not done or self._stop.is_set():
                 continue
-            actor = by_ref[done[0]]
-            self._on_failure(self._describe(actor, done[0]))
+            error = self._describe(by_ref[done[0]], done[0])
+            if not isinstance(error, ActorDiedError) and pending:
+                error = self._death_behind(by_ref, pending) or error
+            if not self._stop.is_set():
+                self._on_failure(error)
             return
+
+    def _death_behind(self, by_ref: dict[ray.ObjectRef, str],
+                      pending: list[ray.ObjectRef]) -> ActorDiedError | None:
+        """A loop that stopped on a lost channel often lost it because its peer died: an
+        actor's death shows in its own loop's ref a moment later, and is the cause to
+        report. Waits ``DEATH_GRACE_S`` for one."""
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while pending and time.monotonic() < deadline and not self._stop.is_set():
+            try:
+                done, pending = ray.wait(pending, num_returns=1,
+                                         timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - Ray shutting down under us
+                return None
+            for ref in done:
+                error = self._describe(by_ref[ref], ref)
+                if isinstance(error, ActorDiedError):
+                    return error
+        return None
 
     def _describe(self, actor: str, ref: ray.ObjectRef) -> RuntimeGraphError:
         label = self._labels.get(actor, actor)
@@ -66,8 +93,8 @@ class LoopMonitor:
                 f"the execution loop on actor {label} failed: {type(exc).__name__}: {exc}",
                 actor=label,
             )
-        return ActorDiedError(
-            f"the execution loop on actor {label} stopped unexpectedly ({reason}); "
-            "the graph cannot run any more",
-            actor=label,
+        # the loop returned: the actor is alive, one of its channels ended under it
+        return ChannelLostError(
+            f"the execution loop on actor {label} stopped, the actor is alive: {reason}; "
+            "the graph cannot run any more"
         )

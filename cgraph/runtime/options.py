@@ -17,6 +17,7 @@ class CompileOptions:
     enable_asyncio: bool = False
     default_communicator: Any = None
     cpu_affinity: Any = None  # None | "colocate" | set of CPU ids (see runtime/affinity.py)
+    max_value_bytes: int = 16 << 30  # the largest value a cross-node channel carries
 
     def __post_init__(self) -> None:
         for name in ("submit_timeout", "get_timeout"):  # Ray's -1 (any negative): no limit
@@ -29,5 +30,7 @@ class CompileOptions:
             raise ValueError(
                 f"max_inflight_executions must be >= 1, got {self.max_inflight_executions}"
             )
+        if self.max_value_bytes < 1:
+            raise ValueError(f"max_value_bytes must be >= 1, got {self.max_value_bytes}")
         if self.buffer_size_bytes < 1:
             raise ValueError(f"buffer_size_bytes must be >= 1, got {self.buffer_size_bytes}")

@@ -1,0 +1,268 @@
+"""The reading end of a socket channel: a listener that admits only its writer, and a
+receiving thread that takes every value in whole.
+
+At attach the reader listens on the address it reaches the control server from
+(the node's own, never all interfaces), tells the server where (``LISTEN``), and
+starts its receiving thread, which first admits the writer::
+
+    listener ──accept──▶ CHALLENGE ──▶ stranger: no proof in HANDSHAKE_S, wrong proof,
+       ▲                                 or bytes past its response: closed, counted
+       │ keeps accepting                 writer: proves ``data <name> w`` ─▶ PROOF back
+       └─────────────────────────────── listener closed: one writer per channel
+
+A stranger that connects first steals nothing: every pending connection runs
+its own handshake (at most ``MAX_PENDING`` at once; a newer one evicts the
+oldest), and only the one that proves itself becomes the data connection. No
+frame byte is read before that.
+
+Frames. A frame is the value's size (u64) then exactly the slot layout of
+``serialization``. A size above the handle's ``max_value_bytes`` ends the
+stream before anything is allocated; a value's memory is reserved lazily (an
+anonymous mapping for large values), so it grows only with bytes that really
+arrive; a value that stops arriving half-way for ``LOST_PEER_S`` ends the
+stream. Values land in private memory (arrays writable, so ``release()`` frees
+nothing and ``read(copy=...)`` changes nothing): a writer in the middle of a
+value larger than the socket buffers never waits for the reader's *user*, so a
+cycle of such edges cannot deadlock. One credit byte goes back per value read,
+so the thread holds at most ``max_inflight`` values.
+"""
+
+from __future__ import annotations
+
+import collections
+import mmap
+import select
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+from cgraph.channels.base import ChannelReader
+from cgraph.channels.handshake import HANDSHAKE_S, Acceptor, AuthError, RefusalLog
+from cgraph.channels.serialization import loads
+from cgraph.channels.socket_endpoint import LOST_PEER_S, POLL_S, Endpoint, SocketHandle, tune
+from cgraph.errors import ChannelClosedError
+
+FRAME = struct.Struct("<Q")  # value size in bytes, then that many bytes of slot layout
+MAX_PENDING = 16  # handshakes in progress on one listener
+_LAZY_BYTES = 1 << 20  # values at least this large get an anonymous mapping (lazy pages)
+
+
+class _EndOfStream(Exception):
+    """The data connection ended, broke, stalled or sent a frame out of bounds."""
+
+
+class SocketReader(Endpoint, ChannelReader):
+    """The reading end; one per channel, used by one thread at a time."""
+
+    _what = "read from"
+
+    def __init__(self, handle: SocketHandle) -> None:
+        super().__init__(handle)
+        self.refusals = RefusalLog(f"socket channel {handle.name}")
+        self._arrived: collections.deque[Any] = collections.deque()
+        self._arrival = threading.Condition()
+        self._ended: BaseException | None = None  # how the writer's stream ended
+        host = self._ctl.getsockname()[0]  # the address this host reaches the owner from
+        try:
+            self._listener = listener = socket.socket(self._ctl.family, socket.SOCK_STREAM)
+            listener.bind((host, 0))
+            listener.listen(MAX_PENDING)
+            listener.setblocking(False)
+        except BaseException:
+            self._forget()
+            raise
+        try:
+            self._ctl.sendall(f"LISTEN {host} {listener.getsockname()[1]}\n".encode())
+        except OSError:
+            pass  # refused or gone: the receiving thread finds the channel closed
+        self._pump = threading.Thread(target=self._receive, daemon=True,
+                                      name=f"cgraph-recv-{handle.name}")
+        self._pump.start()
+
+    def read(self, timeout: float | None = None, copy: bool = False) -> Any:
+        """The next value, received whole into private memory (``copy`` changes nothing)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._arrival:
+            while not self._arrived or self._closed or self._detached:
+                if self._closed or self._detached or self._ended is not None:
+                    raise self._closed_error(self._ended if not self._closed else None)
+                wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+                if wait <= 0:
+                    why = "no value has arrived" if self._data else "its writer has not written yet"
+                    raise self._timeout(timeout, why)
+                self._arrival.wait(wait)
+            body = self._arrived.popleft()
+        try:
+            self._data.send(b"\x01", socket.MSG_NOSIGNAL)  # type: ignore[union-attr]
+        except OSError:
+            pass  # the writer is gone: the next read finds the end of the stream
+        return loads(memoryview(body), writable=True)
+
+    def release(self) -> None:
+        """Nothing to give back: the credit went back when the value was read."""
+
+    def detach(self) -> None:
+        """Stop the receiving thread, then close this end's sockets."""
+        self._detached = True
+        for sock in (self._ctl, self._data):
+            try:
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes the thread's poll at once
+            except OSError:
+                pass
+        if self._pump is not threading.current_thread():
+            self._pump.join(timeout=2 * POLL_S)
+        super().detach()
+
+    # ----------------------------------------------------------------- the receiving thread
+    def _receive(self) -> None:
+        try:
+            self._data = self._admit_writer()
+            while True:
+                header = bytearray(FRAME.size)
+                self._recv_into(memoryview(header), idle_ok=True)
+                size = FRAME.unpack(header)[0]
+                if size > self._handle.max_value_bytes:
+                    raise _EndOfStream(f"it announced a value of {size} bytes, over this "
+                                       f"channel's max_value_bytes={self._handle.max_value_bytes}")
+                body = _private(size)
+                self._recv_into(memoryview(body), idle_ok=False)
+                self._midframe = False
+                with self._arrival:
+                    self._arrived.append(body)
+                    self._arrival.notify()
+        except ChannelClosedError:
+            pass  # CLOSED, or detached: the flags say so
+        except Exception as exc:  # noqa: BLE001 - _EndOfStream and the rest: the reader reports it
+            self._ended = exc
+        finally:
+            with self._arrival:
+                self._arrival.notify_all()
+
+    def _admit_writer(self) -> socket.socket:
+        """Accept connections until one proves it is this channel's writer; returns it.
+
+        Raises:
+            ChannelClosedError: the channel closed (or this end detached) first.
+        """
+        listener = self._listener
+        assert listener is not None
+        claim, secret = f"data {self._handle.name} w".encode(), self._handle.secret
+        pending: dict[int, tuple[socket.socket, Acceptor, float]] = {}
+        why = "the channel closed first"
+        try:
+            while True:
+                self._expire(pending)
+                ready = self._poll_pending(listener, pending)
+                for fd in ready:
+                    if fd == listener.fileno():
+                        self._accept_all(listener, pending, lambda c: secret if c == claim else None)
+                    elif fd in pending and self._step(pending, fd):
+                        why = "the writer proved itself first"
+                        return pending.pop(fd)[0]
+        finally:
+            for fd in list(pending):
+                self._refuse(pending, fd, why)
+            listener.close()  # one writer per channel: nobody else can connect any more
+            self._listener = None
+
+    def _poll_pending(self, listener: socket.socket,
+                      pending: dict[int, tuple[socket.socket, Acceptor, float]]) -> list[int]:
+        if self._poll_control():
+            raise self._closed_error()
+        poller = select.poll()
+        for sock in (self._ctl, listener, *(s for s, _, _ in pending.values())):
+            poller.register(sock, select.POLLIN)
+        soonest = min((d for _, _, d in pending.values()), default=time.monotonic() + POLL_S)
+        wait = max(0.0, min(POLL_S, soonest - time.monotonic()))
+        return [fd for fd, _ in poller.poll(int(wait * 1000) + 1) if fd != self._ctl.fileno()]
+
+    def _accept_all(self, listener: socket.socket, pending: dict[int, Any], lookup: Any) -> None:
+        while True:
+            try:
+                sock, peer = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of fds: refuse nothing, try again on the next wake
+                self.refusals.refuse("?", f"accept failed ({exc})")
+                return
+            acceptor = Acceptor(lookup)
+            try:
+                sock.setblocking(False)
+                tune(sock)
+                sock.send(acceptor.challenge)  # a fresh socket's buffer takes it whole
+            except OSError as exc:
+                self.refusals.refuse(peer, exc)
+                sock.close()
+                continue
+            if len(pending) >= MAX_PENDING:  # evict the oldest: a flood cannot hold the door
+                oldest = min(pending, key=lambda fd: pending[fd][2])
+                self._refuse(pending, oldest, "too many connections at once")
+            pending[sock.fileno()] = (sock, acceptor, time.monotonic() + HANDSHAKE_S)
+
+    def _step(self, pending: dict[int, tuple[socket.socket, Acceptor, float]], fd: int) -> bool:
+        """Take what connection ``fd`` sent; True once it proved it is the writer."""
+        sock, acceptor, _ = pending[fd]
+        try:
+            data = sock.recv(acceptor.wanted())
+            if not data:
+                raise AuthError("it closed the connection during the handshake")
+            proof = acceptor.feed(data)
+            if proof is None:
+                return False
+            sock.send(proof)
+        except BlockingIOError:
+            return False
+        except (AuthError, OSError) as exc:
+            self._refuse(pending, fd, exc)
+            return False
+        sock.setblocking(False)
+        return True
+
+    def _expire(self, pending: dict[int, tuple[socket.socket, Acceptor, float]]) -> None:
+        now = time.monotonic()
+        for fd in [fd for fd, (_, _, deadline) in pending.items() if deadline <= now]:
+            self._refuse(pending, fd, f"no proof within {HANDSHAKE_S:g} s")
+
+    def _refuse(self, pending: dict[int, Any], fd: int, why: object) -> None:
+        sock = pending.pop(fd)[0]
+        try:
+            peer: object = sock.getpeername()
+        except OSError:
+            peer = "?"
+        self.refusals.refuse(peer, why)
+        sock.close()
+
+    def _recv_into(self, view: memoryview, idle_ok: bool) -> None:
+        """Fill ``view``. Waits without limit for the first byte when ``idle_ok`` (between
+        values); once a value began, a silence of ``LOST_PEER_S`` ends the stream.
+
+        Raises:
+            _EndOfStream: the connection ended, broke or stalled. ChannelClosedError: closed.
+        """
+        sock, got = self._data, 0
+        assert sock is not None
+        while got < view.nbytes:
+            try:
+                n = sock.recv_into(view[got:])
+            except BlockingIOError:
+                stall = None if idle_ok and got == 0 else time.monotonic() + LOST_PEER_S
+                if not self._wait(sock, select.POLLIN, stall):
+                    raise _EndOfStream(f"no byte of a value for {LOST_PEER_S} s") from None
+                continue
+            except OSError as exc:
+                raise _EndOfStream(exc) from None
+            if n == 0:
+                raise _EndOfStream("end of stream")
+            got += n
+            self._midframe = True
+
+
+def _private(size: int) -> Any:
+    """Memory for one value: its pages come as bytes arrive (a bytearray zero-fills, and
+    so commits, all of them at once)."""
+    if size < _LAZY_BYTES:
+        return bytearray(size)
+    return mmap.mmap(-1, size)
