@@ -55,6 +55,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -181,23 +182,39 @@ class ShmWriter(ChannelWriter):
         self._detached = False
 
     def write(self, value: Any, timeout: float | None = None) -> None:
-        words, control = self._words, self._control
-        if words[_W_CLOSED] or self._detached:
+        if self._words[_W_CLOSED] or self._detached:
             raise _closed(self._handle, "write to")
         payload = dumps(value)
-        for i, sem in enumerate(control.free):  # one token per reader: its slot is free
+        self.reserve(timeout)
+        self.fill(payload.nbytes, lambda slot: pack_into(payload, slot))
+
+    def reserve(self, timeout: float | None = None) -> None:
+        """Wait until every reader released the next slot, and take it (``fill`` writes it).
+
+        Raises:
+            ChannelClosedError, ChannelTimeoutError: as ``write``; nothing is taken.
+        """
+        if self._words[_W_CLOSED] or self._detached:
+            raise _closed(self._handle, "write to")
+        for i, sem in enumerate(self._control.free):  # one token per reader: its slot is free
             if sem.try_acquire_fast() != 0:
                 self._wait_free(i, timeout)
                 break
+
+    def fill(self, nbytes: int, write_into: Callable[[memoryview], None]) -> None:
+        """Write the reserved slot: ``write_into`` gets a view of ``nbytes`` bytes (the slot
+        grown if needed); then every reader may read it. If it raises, the slot stays
+        untouched and is given back."""
+        words, control = self._words, self._control
         seq = words[_W_WSEQ]  # in the shared words: the C path counts there too
         slot = seq % self._handle.max_inflight
         try:
-            pack_into(payload, self._slots.writable(slot, payload.nbytes))
+            write_into(self._slots.writable(slot, nbytes))
         except BaseException:
             self._give_back(len(control.free))  # nothing written: slot untouched
             raise
         at = _W_SLOTS + _SLOT_WORDS * slot
-        words[at + 2], words[at + 3] = payload.nbytes, seq
+        words[at + 2], words[at + 3] = nbytes, seq
         words[_W_WSEQ] = seq + 1
         for sem in control.ready:
             sem.post_fast()

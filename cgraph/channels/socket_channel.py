@@ -205,20 +205,27 @@ class SocketWriter(Endpoint, ChannelWriter):
 
     def detach(self) -> None:
         if not self._detached and self._data is not None:
-            self._await_credits(time.monotonic() + DETACH_WAIT_S)
+            self._drain(time.monotonic() + DETACH_WAIT_S)
         super().detach()
 
-    def _await_credits(self, deadline: float) -> None:
-        """Before closing: wait until the reader has taken in every value sent (all
-        credits back). A credit that reaches a closed socket is answered with a
-        reset, and a reset makes the reader's kernel drop the values it still
-        holds unread: closing early lost the last values (seen as a flaky
-        ECONNRESET in a test). Gives up at ``deadline``, on a closed channel, or
-        when the reader is gone."""
+    def _drain(self, deadline: float) -> None:
+        """Before closing: end the stream (FIN) and wait until the reader took in every
+        value and ended its side too, taking in the credits it still sends. A credit
+        that reaches a closed socket is answered with a reset, and a reset makes the
+        reader's kernel drop the values it still holds unread: closing at once lost
+        the last values (seen as a flaky ECONNRESET in a test). Gives up at
+        ``deadline``, on a closed channel, or when the reader is gone."""
+        sock = self._data
+        assert sock is not None
         try:
-            while self._credits < self._handle.max_inflight:
-                if not self._recv_credits(deadline):
-                    return
+            sock.shutdown(socket.SHUT_WR)
+            while True:
+                try:
+                    if not sock.recv(4096):
+                        return
+                except BlockingIOError:
+                    if not self._wait(sock, select.POLLIN, deadline):
+                        return
         except (OSError, ChannelClosedError):
             return
 

@@ -17,8 +17,8 @@ keeps serving. Then the protocol is ASCII lines::
     CLOSE    close the channel             CLOSED  to every endpoint of a closed
                                                    channel (also at once, if it is)
 
-Roles: ``w`` writer, ``r`` reader, ``o`` a one-shot closer (a detached
-endpoint's close). The end of a control connection drops it (an endpoint
+Roles: ``w`` writer, ``r`` reader, ``o`` any other party: a one-shot closer
+(a detached endpoint's close) or a watcher waiting for ``CLOSED``. The end of a control connection drops it (an endpoint
 detached or exited; the channel stays open); a line the server does not
 understand drops that connection only. ``SocketChannel.close``/``unlink`` call
 in from any thread; one lock guards the table, and every send is a

@@ -13,8 +13,10 @@ import math
 import os
 import select
 import socket
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,6 +214,44 @@ def _dial(handle: SocketHandle, role: str) -> socket.socket:
         ) from None
     sock.settimeout(None)
     return sock
+
+
+def watch_closed(handle: SocketHandle, on_close: Callable[[], None]) -> Callable[[], None]:
+    """Call ``on_close`` (on a daemon thread) once channel ``handle`` is closed or its owner
+    is gone; returns a function that stops watching without calling it. The thread
+    sleeps in ``recv`` on an authenticated control connection: no periodic wake-ups.
+
+    Raises:
+        ChannelClosedError: the control server cannot be reached.
+    """
+    sock, stopped = _dial(handle, "o"), threading.Event()
+
+    def run() -> None:
+        seen = b""
+        try:
+            while b"CLOSED" not in seen:
+                data = sock.recv(64)
+                if not data:  # the owner exited (or refused us: the channel is gone)
+                    break
+                seen = (seen + data)[-64:]
+        except OSError:
+            pass
+        if not stopped.is_set():
+            on_close()
+
+    thread = threading.Thread(target=run, name=f"cgraph-watch-{handle.name}", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopped.set()
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes its recv
+        except OSError:
+            pass
+        thread.join(timeout=1.0)
+        sock.close()
+
+    return stop
 
 
 def _close_remotely(handle: SocketHandle) -> None:

@@ -30,6 +30,8 @@ so the thread holds at most ``max_inflight`` values.
 from __future__ import annotations
 
 import collections
+import functools
+import itertools
 import mmap
 import select
 import socket
@@ -41,6 +43,7 @@ from typing import Any
 from cgraph.channels.base import ChannelReader
 from cgraph.channels.handshake import HANDSHAKE_S, Acceptor, AuthError, RefusalLog
 from cgraph.channels.serialization import loads
+from cgraph.channels.shm_channel import ShmWriter
 from cgraph.channels.socket_endpoint import LOST_PEER_S, POLL_S, Endpoint, SocketHandle, tune
 from cgraph.errors import ChannelClosedError
 
@@ -58,8 +61,10 @@ class SocketReader(Endpoint, ChannelReader):
 
     _what = "read from"
 
-    def __init__(self, handle: SocketHandle) -> None:
+    def __init__(self, handle: SocketHandle, sink: ShmWriter | None = None) -> None:
         super().__init__(handle)
+        self._sink = sink  # relay: values land in this shared-memory channel's slots
+        self._held = 0  # relay: a slot reserved for the next value
         self.refusals = RefusalLog(f"socket channel {handle.name}")
         self._arrived: collections.deque[Any] = collections.deque()
         self._arrival = threading.Condition()
@@ -120,26 +125,64 @@ class SocketReader(Endpoint, ChannelReader):
     def _receive(self) -> None:
         try:
             self._data = self._admit_writer()
-            while True:
+            for count in itertools.count():
+                if self._sink is not None:
+                    self._reserve(count)
                 header = bytearray(FRAME.size)
                 self._recv_into(memoryview(header), idle_ok=True)
                 size = FRAME.unpack(header)[0]
                 if size > self._handle.max_value_bytes:
                     raise _EndOfStream(f"it announced a value of {size} bytes, over this "
                                        f"channel's max_value_bytes={self._handle.max_value_bytes}")
-                body = _private(size)
-                self._recv_into(memoryview(body), idle_ok=False)
+                if self._sink is not None:
+                    self._sink.fill(size, functools.partial(self._recv_value, size))
+                    self._held = 0
+                else:
+                    body = _private(size)
+                    self._recv_into(memoryview(body), idle_ok=False)
+                    with self._arrival:
+                        self._arrived.append(body)
+                        self._arrival.notify()
                 self._midframe = False
-                with self._arrival:
-                    self._arrived.append(body)
-                    self._arrival.notify()
         except ChannelClosedError:
             pass  # CLOSED, or detached: the flags say so
         except Exception as exc:  # noqa: BLE001 - _EndOfStream and the rest: the reader reports it
             self._ended = exc
         finally:
-            with self._arrival:
-                self._arrival.notify_all()
+            self._end_stream()
+
+    def _recv_value(self, size: int, slot: memoryview) -> None:
+        self._recv_into(slot[:size], idle_ok=False)
+
+    def _reserve(self, count: int) -> None:
+        """Relay: a free slot before the next value, and only then its credit, so the writer
+        never starts a value that could not land (it waits before it, as on shared memory)."""
+        assert self._sink is not None and self._data is not None
+        self._sink.reserve()
+        self._held = 1
+        if count >= self._handle.max_inflight:  # the first values came on its initial credits
+            self._data.send(b"\x01", socket.MSG_NOSIGNAL)
+
+    def _end_stream(self) -> None:
+        """Tell the writer everything sent was taken in (it waits for that before closing),
+        and wake this end's reader. A relay closes its channel, so that its readers
+        wake too, once they have read and released every value it landed."""
+        if self._data is not None:
+            try:
+                self._data.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        with self._arrival:
+            self._arrival.notify_all()
+        if self._sink is None or self._detached:
+            return
+        try:
+            for _ in range(self._handle.max_inflight - self._held):  # every slot free again
+                self._sink.reserve()
+        except ChannelClosedError:
+            pass
+        finally:
+            self._sink.close()
 
     def _admit_writer(self) -> socket.socket:
         """Accept connections until one proves it is this channel's writer; returns it.

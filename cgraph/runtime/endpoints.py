@@ -1,20 +1,26 @@
 """Where the runtime meets the channel package: one resource per ``ChannelSpec``.
 
-The driver creates every shared-memory channel (``create_channel``) and ships
-picklable endpoint handles to the actors, which ``open_reader``/``open_writer``
-them inside their loops. In-process channels have no driver-side resource: the
-actor creates them on first use, keyed by graph tag and channel id.
+The driver creates every channel (``create_channel``): shared memory of its own
+node itself, another node's through an actor there (``node_channels``), sockets
+through its control server; it ships picklable endpoint handles to the actors,
+which ``open_reader``/``open_writer`` them inside their loops. In-process
+channels have no driver-side resource: the actor creates them on first use,
+keyed by graph tag and channel id.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
-from cgraph.channels.shm_channel import ShmChannel, ShmReader
+from cgraph.channels.relay import RelayHandle
+from cgraph.channels.shm_channel import ShmChannel, ShmHandle, ShmReader
 from cgraph.errors import CompileError
+from cgraph.ir import DRIVER
+from cgraph.runtime.node_channels import RemoteShm
 from cgraph.runtime.options import CompileOptions
 
 
@@ -37,25 +43,38 @@ class _ChannelResource:
         self.channel.unlink()
 
 
+@dataclass(frozen=True)
+class Allocation:
+    """What every channel of one compiled graph is made with (on the driver)."""
+
+    tag: str
+    options: CompileOptions
+    secret: bytes | None = None  # the graph's: socket endpoints prove they know it
+    remote: Mapping[str, ShmHandle] = field(default_factory=dict)  # made on other nodes, by id
+
+
 class _ShmResource(_ChannelResource):
-    def __init__(self, spec: Any, tag: str, options: CompileOptions, secret: bytes | None,
-                 ends: tuple[str, str]) -> None:
+    """An SHM channel: made here when its node is the driver's, else by that node's agent."""
+
+    def __init__(self, spec: Any, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.readers = tuple(spec.readers)
-        self.channel = ShmChannel.create(
-            tag,
-            spec.id,
-            num_readers=len(self.readers),
-            max_inflight=options.max_inflight_executions,
-            buffer_size=options.buffer_size_bytes,
-        )
+        made = alloc.remote.get(spec.id)
+        self.channel = RemoteShm(made, self.readers) if made is not None else ShmChannel.create(
+            alloc.tag, spec.id, num_readers=len(self.readers),
+            max_inflight=alloc.options.max_inflight_executions,
+            buffer_size=alloc.options.buffer_size_bytes)
+
+    def reader_handle(self, reader: str) -> Any:
+        if isinstance(self.channel, RemoteShm):
+            return self.channel.reader_handle(reader)
+        return super().reader_handle(reader)
 
 
 class _IntraResource:
-    def __init__(self, spec: Any, tag: str, options: CompileOptions, secret: bytes | None,
-                 ends: tuple[str, str]) -> None:
-        self.key = f"{tag}:{spec.id}"
+    def __init__(self, spec: Any, alloc: Allocation, ends: tuple[str, str]) -> None:
+        self.key = f"{alloc.tag}:{spec.id}"
         self.readers = tuple(spec.readers)
-        self.max_inflight = options.max_inflight_executions
+        self.max_inflight = alloc.options.max_inflight_executions
 
     def writer_handle(self) -> IntraHandle:
         return IntraHandle(self.key, len(self.readers), self.max_inflight)
@@ -73,8 +92,7 @@ class _IntraResource:
 class _CommResource:
     """A COMM channel: its side channel and communicator group are made by ``communicators``."""
 
-    def __init__(self, spec: Any, tag: str, options: CompileOptions, secret: bytes | None,
-                 ends: tuple[str, str]) -> None:
+    def __init__(self, spec: Any, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.id = spec.id
 
     def writer_handle(self) -> Any:
@@ -91,13 +109,55 @@ class _CommResource:
 
 
 class _SocketResource(_ChannelResource):
-    """A CROSS_NODE channel: a TCP connection, set up through the driver's control server."""
+    """A CROSS_NODE channel: one TCP connection into the readers' node, set up through the
+    driver's control server. With several readers there, the first one's process relays
+    each value into a shared-memory channel of that node that they all read (``relay``)."""
 
-    def __init__(self, spec: Any, tag: str, options: CompileOptions, secret: bytes | None,
-                 ends: tuple[str, str]) -> None:
-        self.readers = tuple(spec.readers)  # one: the planner makes one per reader
-        self.channel = socket_channel(tag, spec.id, options.max_inflight_executions, secret=secret,
-                                      max_value_bytes=options.max_value_bytes, ends=ends)
+    def __init__(self, spec: Any, alloc: Allocation, ends: tuple[str, str]) -> None:
+        self.readers = tuple(spec.readers)
+        options = alloc.options
+        self.channel = socket_channel(alloc.tag, spec.id, options.max_inflight_executions,
+                                      secret=alloc.secret, max_value_bytes=options.max_value_bytes,
+                                      ends=ends)
+        self.landing: Any = None
+        if len(self.readers) > 1:
+            landing = replace(spec, id=f"{spec.id}.relay")
+            self.landing = _ShmResource(landing, alloc, ends).channel
+
+    def reader_handle(self, reader: str) -> Any:
+        if self.landing is None:
+            return self.channel.reader_handle(0)
+        index = self.readers.index(reader)
+        shm = self.landing.handle
+        if index:
+            return replace(shm, reader=index)
+        return RelayHandle(self.channel.reader_handle(0), shm, replace(shm, reader=0))
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.landing is not None:
+            self.landing.close()
+
+    def unlink(self) -> None:
+        self.channel.unlink()
+        if self.landing is not None:
+            self.landing.unlink()
+
+
+def remote_segments(planned: Any) -> dict[str, list[tuple[str, int]]]:
+    """The shared-memory channels another node must make, by node: ``[(id, readers)]``."""
+    graph, wanted = planned.graph, dict[str, list[tuple[str, int]]]()
+
+    def host(actor: str) -> str:
+        return "" if actor == DRIVER else graph.actor(actor).host
+
+    for spec in planned.plan.channels:
+        if spec.kind.name == "SHM" and host(spec.writer):
+            wanted.setdefault(host(spec.writer), []).append((spec.id, len(spec.readers)))
+        elif spec.kind.name == "CROSS_NODE" and len(spec.readers) > 1 and host(spec.readers[0]):
+            wanted.setdefault(host(spec.readers[0]), []).append((f"{spec.id}.relay",
+                                                                  len(spec.readers)))
+    return wanted
 
 
 def socket_channel(tag: str, channel_id: str, max_inflight: int, *, secret: bytes | None = None,
@@ -129,12 +189,14 @@ _RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResourc
 
 
 def create_channel(spec: Any, *, tag: str, options: CompileOptions, secret: bytes | None = None,
-                   ends: tuple[str, str] = ("", "")) -> Any:
+                   ends: tuple[str, str] = ("", ""),
+                   remote: Mapping[str, ShmHandle] | None = None) -> Any:
     """Allocate what one channel needs on the driver.
 
     Args:
         secret: the graph's secret, which a socket channel's endpoints prove they know.
         ends: its writer and reader in words, for errors about a lost peer.
+        remote: handles of the channels other nodes made (``remote_segments``), by id.
 
     Raises:
         CompileError: a transport this build cannot run yet.
@@ -146,7 +208,7 @@ def create_channel(spec: Any, *, tag: str, options: CompileOptions, secret: byte
             f"({spec.transport}), which this build of cgraph cannot run yet; "
             "use transport='shm' (or 'auto') on that edge"
         )
-    return factory(spec, tag, options, secret, ends)
+    return factory(spec, Allocation(tag, options, secret, remote or {}), ends)
 
 
 def open_reader(handle: Any) -> Any:

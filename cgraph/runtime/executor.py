@@ -25,6 +25,7 @@ from cgraph.runtime.affinity import pin_thread
 from cgraph.runtime.comm_ops import handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
 from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.node_channels import watch_node
 from cgraph.runtime.program import (
     ARG_CONST,
     ARG_VALUE,
@@ -76,6 +77,10 @@ class Context:
         self.extra: dict[str, Any] = {}  # communicators and the like, set up by handlers
         self.end_hooks: list[Callable[[], None]] = []  # run at the end of every execution
         self.close_hooks: list[Callable[[], None]] = []  # run once when the loop ends
+        node = program.extra.get("node")
+        if node is not None:  # off the driver's node: the driver closes our node's channels
+            opened = [*self.readers.values(), *(w for ws in self.writers.values() for w in ws)]
+            self.close_hooks.append(watch_node(node, opened))
 
     def method(self, name: str) -> Callable[..., Any]:
         fn = self.methods.get(name)

@@ -17,15 +17,25 @@ import ray
 
 from cgraph._log import logger
 from cgraph.channels.handshake import new_secret
+from cgraph.channels.relay import RelayHandle
 from cgraph.channels.segments import cleanup_stale_segments
+from cgraph.channels.shm_channel import ShmHandle
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
 from cgraph.runtime.affinity import choose_cpus, pin_thread
 from cgraph.runtime.communicators import setup_communicators
 from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints, InputUsage
-from cgraph.runtime.endpoints import CopyingReader, create_channel, open_reader, open_writer
+from cgraph.runtime.endpoints import (
+    CopyingReader,
+    create_channel,
+    open_reader,
+    open_writer,
+    remote_segments,
+    socket_channel,
+)
 from cgraph.runtime.executor import run_actor_loop
 from cgraph.runtime.monitor import LoopMonitor
+from cgraph.runtime.node_channels import NodeWatch, RemoteSegments, make_remote
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
 from cgraph.scheduler.ops import OpKind
@@ -64,13 +74,34 @@ def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
     return tuple(spec)
 
 
-def _allocate(planned: Any, tag: str, options: CompileOptions, secret: bytes) -> dict[str, Any]:
+def _allocate(planned: Any, handles: dict[str, Any], tag: str, options: CompileOptions,
+              secret: bytes, resources: dict[str, Any]) -> None:
+    """Make every channel into ``resources`` (also when one fails, so all can be freed):
+    other nodes' shared memory first, through one actor of each (its *agent*)."""
     graph: Graph = planned.graph
-    resources = {}
+    wanted = remote_segments(planned)
+    agents = {a.host: handles[a.id] for a in reversed(graph.actors) if a.host in wanted}
+    resources[f"{tag}.nodes"] = made = RemoteSegments(agents, wanted)
+    made.handles = make_remote(wanted, agents, tag, options.max_inflight_executions,
+                               options.buffer_size_bytes)
     for spec in planned.plan.channels:
         ends = (_describe(graph, "writer", spec.writer), _describe(graph, "reader", spec.readers[0]))
-        resources[spec.id] = create_channel(spec, tag=tag, options=options, secret=secret, ends=ends)
-    return resources
+        resources[spec.id] = create_channel(spec, tag=tag, options=options, secret=secret, ends=ends,
+                                            remote=made.handles)
+
+
+def _node_watch(actor: str, program: ActorProgram, tag: str, secret: bytes,
+                resources: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` for an actor off the driver's node that uses its node's shared memory: a
+    channel the driver closes to close them (teardown, a failure) and their names."""
+    handles = [*program.readers.values(), *(h for hs in program.writers.values() for h in hs)]
+    names = sorted({h.name for h in handles if isinstance(h, ShmHandle)}
+                   | {h.shm_reader.name for h in handles if isinstance(h, RelayHandle)})
+    if not names:
+        return {}
+    watch = socket_channel(tag, f"{actor}.watch", 1, secret=secret)
+    resources[f"{tag}.{actor}.watch"] = watch
+    return {"node": NodeWatch(watch.reader_handle(), tuple(names))}
 
 
 def _describe(graph: Graph, role: str, actor: str) -> str:
@@ -152,23 +183,25 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
     tag = uuid.uuid4().hex[:8]
     secret = new_secret()  # reaches the actors inside their programs, through Ray's own calls
     labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
-    resources = _allocate(planned, tag, options, secret)
+    resources: dict[str, Any] = {}
     try:
+        _allocate(planned, handles, tag, options, secret, resources)
         comm = setup_communicators(front, planned, tag, options)  # groups + side channels
         resources[f"{tag}.communicators"] = comm
         cpus = choose_cpus(options.cpu_affinity)
         local = {a.id for a in graph.actors if not a.host}
-        programs = {
-            a: replace(
-                _program(a, labels[a], planned, resources, tag),
-                extra={**comm.extra(a), "cpu_affinity": cpus if a in local else None},
-            )
-            for a in planned.schedule
-        }
+        programs = {}
+        for a in planned.schedule:
+            program = _program(a, labels[a], planned, resources, tag)
+            node = _node_watch(a, program, tag, secret, resources) if a not in local else {}
+            programs[a] = replace(program, extra={**comm.extra(a), **node,
+                                                  "cpu_affinity": cpus if a in local else None})
         endpoints = _driver_endpoints(planned, resources)
     except Exception:
         for res in resources.values():
             res.unlink()
+            if isinstance(res, RemoteSegments):
+                res.discard()
         raise
     loops = _start_loops(handles, programs, tag)
 

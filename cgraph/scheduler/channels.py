@@ -19,10 +19,18 @@ Per (value v held by h, reader actor c), the first rule that fits:
 - ``c == h``: one INTRA channel (a queue inside the actor);
 - a communicator hint (``nccl``, ``custom:<name>``, or ``auto`` between two
   GPU actors) and neither side is the driver: one COMM channel per reader;
-- either side off the driver's node (different hosts, or two actors of another
-  node: the driver makes every shared-memory segment, on its own node): one
-  CROSS_NODE channel (a TCP connection) per reader;
-- otherwise every remaining reader (all on the driver's node) shares ONE SHM channel.
+- ``c`` on h's node (whichever node that is): the readers there share ONE SHM
+  channel, made on that node;
+- ``c`` on another node: the readers on that node share ONE CROSS_NODE channel
+  (named after the first of them), so the value crosses each node boundary once:
+  one TCP connection to that node, whose receiving end lands each value in
+  shared memory there for every reader on it.
+
+    actor a = W(gpus=0)                      n1.shm     a -> b        shm (node2)
+    actor b = W(gpus=0, host=node2)          n1>c.xnode a -> c,driver xnode
+    actor c = W(gpus=0)               ──►
+    n1 = a.f(n0) (a on node2)
+    n2 = b.g(n1); n3 = c.h(n1); return [n1, n2, n3]
 """
 
 from __future__ import annotations
@@ -251,6 +259,7 @@ def _plan_value(
     intra: list[ChannelSpec] = []
     shm: list[ActorId] = []
     own: list[ChannelSpec] = []
+    remote: dict[str, list[ActorId]] = {}  # reader host -> its readers
     for reader in values.readers.get(value, ()):
         if reader == holder:
             intra.append(ChannelSpec(f"{value}.intra", value, ChannelKind.INTRA, holder, (reader,), "intra", hint))
@@ -258,10 +267,16 @@ def _plan_value(
         kind, transport = _choose(graph, values, value, reader, default_communicator)
         if kind is ChannelKind.SHM:
             shm.append(reader)
+        elif kind is ChannelKind.CROSS_NODE:
+            remote.setdefault(_host(graph, reader), []).append(reader)
         else:  # one channel per reader, named after it
             own.append(ChannelSpec(f"{value}>{reader}.{kind.value}", value, kind, holder, (reader,), transport, hint))
     if shm:
         intra.append(ChannelSpec(f"{value}.shm", value, ChannelKind.SHM, holder, tuple(shm), "shm", hint))
+    for readers in remote.values():  # one per node, named after its first reader
+        own.append(ChannelSpec(f"{value}>{readers[0]}.xnode", value, ChannelKind.CROSS_NODE, holder,
+                               tuple(readers), "xnode", hint))
+    own.sort(key=lambda spec: spec.id)
     return intra + own
 
 
@@ -290,11 +305,9 @@ def _choose(
             raise _no_gpu_error(graph, values, value, reader)
         if transport is not None and transport.startswith("custom:"):
             return ChannelKind.COMM, transport
-    if _host(graph, holder) or _host(graph, reader):
-        # the driver makes every shared-memory segment, on its own node: an edge that
-        # leaves that node, or runs between two actors of another node, takes a socket
+    if _host(graph, holder) != _host(graph, reader):
         return ChannelKind.CROSS_NODE, "xnode"
-    return ChannelKind.SHM, "shm"
+    return ChannelKind.SHM, "shm"  # on one node, whichever: shared memory made there
 
 
 def _no_gpu_error(graph: Graph, values: ValueMap, value: NodeId, reader: ActorId) -> TransportError:

@@ -19,6 +19,18 @@ from ray.dag import InputNode, MultiOutputNode
 import cgraph
 
 
+def in_cgraph_shm(arr) -> bool:
+    """True when the array's memory lies inside one of cgraph's shm mappings."""
+    addr = arr.__array_interface__["data"][0]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/dev/shm/cgraph_" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= addr < hi:
+                    return True
+    return False
+
+
 def report(name: str, **values: object) -> None:
     print(json.dumps({"check": name, **values}), flush=True)
 
@@ -36,6 +48,15 @@ class Node:
 
     def scale(self, arr, k):
         return arr * k
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def make(self, n):
+        return np.arange(n, dtype=np.float64)
+
+    def zero_copy(self, arr):
+        return in_cgraph_shm(arr), float(arr.sum())
 
     def fail_on(self, x, bad):
         if x == bad:
@@ -85,6 +106,8 @@ def run_checks() -> None:
     report("arrays", ok=bool(ok), writable=bool(outs[0][0].flags.writeable))
     compiled.teardown()
 
+    check_shared_memory_on_node2(a, b, c)
+
     with InputNode() as inp:
         dag = a.inc.bind(c.fail_on.bind(b.inc.bind(inp), bad=5))
     compiled = cgraph.compile(dag)
@@ -126,6 +149,34 @@ def run_checks() -> None:
     compiled.teardown()
     report("teardown", survivors=ray.get([a.inc.remote(1), b.inc.remote(1)], timeout=60),
            segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+
+
+def check_shared_memory_on_node2(a, b, c) -> None:
+    """b -> c on node2 share memory made there; a value of a read by b and c crosses once."""
+    with InputNode() as inp:
+        dag = c.zero_copy.bind(b.make.bind(inp))
+    compiled = cgraph.compile(dag)
+    made_by = {spec.id: spec.kind.name for spec in compiled.planned.plan.channels}
+    got = [compiled.execute(n).get(timeout=60) for n in (10, 1 << 20, 10)]  # 8 MiB grows the slot
+    pids = ray.get([b.pid.remote(), c.pid.remote()])
+    segments = sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_"))
+    compiled.teardown()
+    report("node_shm", kinds=made_by, got=got,
+           want=[[True, float(sum(range(n)))] for n in (10, 1 << 20, 10)],
+           made_on_node2=bool(segments) and all(n.split("_")[1] in map(str, pids) for n in segments),
+           left=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+
+    with InputNode() as inp:
+        x = a.make.bind(inp)
+        dag = MultiOutputNode([b.zero_copy.bind(x), c.zero_copy.bind(x)])
+    compiled = cgraph.compile(dag, max_inflight_executions=2)
+    channels = [str(spec) for spec in compiled.planned.plan.channels if spec.kind.name == "CROSS_NODE"]
+    refs = [compiled.execute(n) for n in (1000, 1 << 18)]
+    got = [ref.get(timeout=60) for ref in refs] + [compiled.execute(7).get(timeout=60)]
+    compiled.teardown()
+    report("relay", channels=channels, got=got,
+           want=[[[True, float(sum(range(n)))]] * 2 for n in (1000, 1 << 18, 7)],
+           left=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,22 @@ def test_large_arrays_fan_out_across_and_within_node2(checks):
     assert checks["arrays"] == {"ok": True, "writable": True}
 
 
+def test_two_actors_of_a_worker_node_share_memory_made_there(checks):
+    entry = checks["node_shm"]
+    assert entry["kinds"] == {"n0>a.xnode": "CROSS_NODE", "n1.shm": "SHM",
+                              "n2>driver.xnode": "CROSS_NODE"}, entry
+    assert entry["got"] == entry["want"], "c read b's arrays as views of node2's shared memory"
+    assert entry["made_on_node2"], "the segments were made by an actor of node2"
+    assert entry["left"] == [], "teardown removed them"
+
+
+def test_a_value_read_by_two_actors_of_another_node_crosses_once(checks):
+    entry = checks["relay"]
+    assert entry["channels"][0] == "n1>b.xnode = xnode a -> b,c via xnode", entry
+    assert entry["got"] == entry["want"], "both read every value, from node2's shared memory"
+    assert entry["left"] == []
+
+
 def test_user_errors_cross_nodes_and_the_graph_survives(checks):
     errors = checks["errors"]
     assert errors["first"] == 3 and errors["after"] == 9

@@ -84,8 +84,8 @@ def test_nccl_across_hosts_stays_on_the_communicator() -> None:
     assert lines[2] == "n2>driver.xnode = xnode b -> driver via xnode"
 
 
-def test_shared_memory_only_on_the_drivers_node() -> None:
-    """Two actors of another node talk over sockets: the driver makes every segment, locally."""
+def test_shared_memory_on_every_node_and_one_crossing_per_node() -> None:
+    """Two actors of another node share memory there; a value read by both crosses once."""
     graph = parse_graph(
         """
         actor a = W(gpus=0)
@@ -100,9 +100,8 @@ def test_shared_memory_only_on_the_drivers_node() -> None:
     )
     assert format_channels(plan_channels(graph)).splitlines() == [
         "n0.shm = shm driver -> a via shm",
-        "n1>b.xnode = xnode a -> b via xnode",
-        "n1>c.xnode = xnode a -> c via xnode",
-        "n2>c.xnode = xnode b -> c via xnode",
+        "n1>b.xnode = xnode a -> b,c via xnode",
+        "n2.shm = shm b -> c via shm",
         "n3>driver.xnode = xnode c -> driver via xnode",
     ]
 

@@ -242,7 +242,7 @@ CASES = [
     ),
     # host 1: driver, a, c          host node2: b
     # -> a.f -+-xnode-> b.g -xnode-+-> c.h -> driver
-    #         +--shm-------------> c.h      b.g -xnode-> driver
+    #         +--shm-------------> c.h      b.g -(same crossing)-> driver
     Case(
         "cross-node hosts",
         """
@@ -259,8 +259,7 @@ CASES = [
         n0.shm = shm driver -> a via shm
         n1.shm = shm a -> c via shm
         n1>b.xnode = xnode a -> b via xnode
-        n2>c.xnode = xnode b -> c via xnode
-        n2>driver.xnode = xnode b -> driver via xnode
+        n2>c.xnode = xnode b -> c,driver via xnode
         n3.shm = shm c -> driver via shm
         """,
         "a.R0 a.C1 a.W1 | b.R1 b.C2 b.W2 | c.R1 c.R2 c.C3 c.W3",
