@@ -212,6 +212,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     cpu_affinity: Any = None,
     max_buffered_results: int = 1000,
     max_value_bytes: int = 16 << 30,
+    tls: bool | None = None,
 ) -> Any:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
@@ -241,6 +242,9 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         max_value_bytes: the largest value an edge between nodes carries (16 GiB); a
             larger one is that execution's error at the sender, and a frame that
             announces more is refused before memory is allocated.
+        tls: run TLS on every socket of the graph (certificates from each process's
+            ``CGRAPH_TLS_CERT``/``_KEY``/``_CA``, else Ray's ``RAY_TLS_*``); None (the
+            default): on when ``CGRAPH_TLS=1`` or ``RAY_USE_TLS=1``.
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,

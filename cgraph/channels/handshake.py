@@ -41,6 +41,9 @@ import socket
 import time
 from collections.abc import Callable
 
+from cgraph.channels import tls
+from cgraph.channels.tls import WOULD_BLOCK, pending, send_flags
+
 MAGIC = b"cgraph-auth-1"
 NONCE = 32
 MAC = 32  # SHA-256
@@ -119,9 +122,53 @@ class Acceptor:
         return _mac(secret, b"acceptor", claim, self._nonce, bytes(nonce_c))
 
 
+class Admission:
+    """One accepted connection on its way in: TLS first (when on), then the challenge and
+    the peer's proof, without ever blocking. Call ``advance()`` when its socket is ready
+    for ``want`` (a ``poll`` event); refuse it at ``deadline``.
+    """
+
+    def __init__(self, sock: socket.socket, lookup: Callable[[bytes], bytes | None],
+                 use_tls: bool) -> None:
+        self.sock = tls.wrap(sock, server_side=True) if use_tls else sock
+        self.acceptor = Acceptor(lookup)
+        self.deadline = time.monotonic() + HANDSHAKE_S
+        self.want = select.POLLIN if use_tls else select.POLLOUT  # TLS: the client speaks first
+        self._tls, self._challenged = use_tls, False
+
+    def advance(self) -> bool:
+        """Take what the peer sent; True once it proved itself (the proof went back).
+
+        Raises:
+            AuthError: it failed the handshake. OSError (ssl.SSLError): its connection
+                or its TLS handshake failed.
+        """
+        if self.acceptor.claim is not None:
+            return True
+        if self._tls:
+            self.want = tls.step(self.sock)  # type: ignore[arg-type]
+            if self.want:
+                return False
+            self._tls, self.want = False, select.POLLIN
+        if not self._challenged:
+            _send_all(self.sock, self.acceptor.challenge, time.monotonic() + 1.0)
+            self._challenged, self.want = True, select.POLLIN
+        while True:
+            try:
+                data = self.sock.recv(self.acceptor.wanted())
+            except WOULD_BLOCK:
+                return False
+            if not data:
+                raise AuthError("it closed the connection during the handshake")
+            proof = self.acceptor.feed(data)
+            if proof is not None:
+                _send_all(self.sock, proof, time.monotonic() + 1.0)
+                return True
+
+
 def prove(sock: socket.socket, secret: bytes, claim: bytes, deadline: float) -> None:
-    """Run the connector's side on a connected ``sock`` (blocking or not), until ``deadline``
-    (``time.monotonic()``).
+    """Run the connector's side on a connected, non-blocking ``sock`` (plain or TLS), until
+    ``deadline`` (``time.monotonic()``).
 
     Raises:
         AuthError: the listener is no cgraph endpoint, could not prove it knows
@@ -151,11 +198,11 @@ def _poll(sock: socket.socket, event: int, wait: float) -> bool:
 def _recv_exact(sock: socket.socket, size: int, deadline: float) -> bytes:
     buf = bytearray()
     while len(buf) < size:
-        if not _poll(sock, select.POLLIN, deadline - time.monotonic()):
+        if not pending(sock) and not _poll(sock, select.POLLIN, deadline - time.monotonic()):
             raise AuthError(f"no answer within {HANDSHAKE_S:g} s")
         try:
-            got = sock.recv(size - len(buf), socket.MSG_DONTWAIT)
-        except BlockingIOError:
+            got = sock.recv(size - len(buf))
+        except WOULD_BLOCK:
             continue
         except OSError as exc:
             raise AuthError(f"the connection failed ({exc})") from None
@@ -168,14 +215,15 @@ def _recv_exact(sock: socket.socket, size: int, deadline: float) -> bytes:
 def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
     view = memoryview(data)
     while view:
-        if not _poll(sock, select.POLLOUT, deadline - time.monotonic()):
-            raise AuthError(f"could not send within {HANDSHAKE_S:g} s")
         try:
-            view = view[sock.send(view, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL) :]
-        except BlockingIOError:
+            view = view[sock.send(view, send_flags(sock)) :]
             continue
+        except WOULD_BLOCK:
+            pass
         except OSError as exc:
             raise AuthError(f"the connection failed ({exc})") from None
+        if not _poll(sock, select.POLLOUT, deadline - time.monotonic()):
+            raise AuthError(f"could not send within {HANDSHAKE_S:g} s")
 
 
 class RefusalLog:

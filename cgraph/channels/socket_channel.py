@@ -43,9 +43,11 @@ import errno
 import os
 import select
 import socket
+import ssl
 import time
 from dataclasses import replace
 
+from cgraph.channels import tls
 from cgraph.channels.base import ChannelWriter
 from cgraph.channels.handshake import HANDSHAKE_S, AuthError, RefusedError, new_secret, prove
 from cgraph.channels.segments import segment_name
@@ -53,6 +55,7 @@ from cgraph.channels.serialization import dumps, payload_chunks
 from cgraph.channels.socket_control import ControlServer
 from cgraph.channels.socket_endpoint import DEFAULT_MAX_VALUE_BYTES, Endpoint, SocketHandle, tune
 from cgraph.channels.socket_reader import FRAME, SocketReader
+from cgraph.channels.tls import WOULD_BLOCK
 from cgraph.errors import ChannelClosedError
 
 __all__ = ["ControlServer", "SocketChannel", "SocketHandle", "SocketReader", "SocketWriter"]
@@ -96,7 +99,7 @@ class SocketChannel:
         name = segment_name(tag, channel_id)
         server.register_channel(name, secret)
         handle = SocketHandle(name, server.address, max_inflight, secret=secret,
-                              max_value_bytes=max_value_bytes, peer=ends[1])
+                              max_value_bytes=max_value_bytes, peer=ends[1], tls=server.tls)
         return cls(server, handle, reader_peer=ends[0])
 
     def writer_handle(self) -> SocketHandle:
@@ -166,9 +169,16 @@ class SocketWriter(Endpoint, ChannelWriter):
         for attempt in range(CONNECT_TRIES):
             sock = self._dial_reader(deadline, timeout)
             limit = time.monotonic() + HANDSHAKE_S
+            limit = limit if deadline is None else min(limit, deadline)
             try:
-                prove(sock, self._handle.secret, f"data {self._handle.name} w".encode(),
-                      limit if deadline is None else min(limit, deadline))
+                if self._handle.tls:
+                    sock = tls.wrap(sock, server_side=False)
+                    tls.handshake(sock, limit)
+                prove(sock, self._handle.secret, f"data {self._handle.name} w".encode(), limit)
+            except (ssl.SSLError, TimeoutError) as exc:
+                sock.close()
+                raise ChannelClosedError(f"socket channel {self._handle.name}: TLS with its "
+                                         f"reader at {self._addr} failed ({exc})") from None
             except RefusedError as exc:  # evicted by a crowd of strangers: try again
                 sock.close()
                 if attempt + 1 == CONNECT_TRIES:
@@ -218,12 +228,12 @@ class SocketWriter(Endpoint, ChannelWriter):
         sock = self._data
         assert sock is not None
         try:
-            sock.shutdown(socket.SHUT_WR)
+            tls.half_close(sock)
             while True:
                 try:
                     if not sock.recv(4096):
                         return
-                except BlockingIOError:
+                except WOULD_BLOCK:
                     if not self._wait(sock, select.POLLIN, deadline):
                         return
         except (OSError, ChannelClosedError):
@@ -249,7 +259,7 @@ class SocketWriter(Endpoint, ChannelWriter):
         while True:
             try:
                 got = self._data.recv(4096)
-            except BlockingIOError:
+            except WOULD_BLOCK:
                 if not self._wait(self._data, select.POLLIN, deadline):
                     return False
                 continue
@@ -268,11 +278,15 @@ class SocketWriter(Endpoint, ChannelWriter):
         sock = self._data
         assert sock is not None
         views, i = [memoryview(c) for c in chunks if len(c)], 0
+        gather = not isinstance(sock, ssl.SSLSocket)  # TLS encrypts one buffer at a time
         try:
             while i < len(views):
                 try:
-                    sent = sock.sendmsg(views[i : i + _IOV_MAX], (), socket.MSG_NOSIGNAL)
-                except BlockingIOError:
+                    if gather:
+                        sent = sock.sendmsg(views[i : i + _IOV_MAX], (), socket.MSG_NOSIGNAL)
+                    else:
+                        sent = sock.send(views[i])
+                except WOULD_BLOCK:
                     self._wait(sock, select.POLLOUT, None)
                     continue
                 while sent:  # skip what went out; the first partly sent view is sliced
@@ -286,5 +300,5 @@ class SocketWriter(Endpoint, ChannelWriter):
             raise self._closed_error(exc) from None
         except BaseException:  # interrupted half-way (^C): end the stream, nothing can resync
             self._midframe = True
-            sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
             raise

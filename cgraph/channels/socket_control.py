@@ -28,6 +28,7 @@ non-blocking one-liner.
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import socket
 import threading
@@ -36,8 +37,9 @@ import weakref
 from dataclasses import dataclass, field
 
 from cgraph._log import logger
-from cgraph.channels.handshake import HANDSHAKE_S, Acceptor, AuthError, RefusalLog
+from cgraph.channels.handshake import HANDSHAKE_S, Admission, AuthError, RefusalLog
 from cgraph.channels.socket_endpoint import tune
+from cgraph.channels.tls import WOULD_BLOCK, pending
 from cgraph.errors import ChannelClosedError
 
 _MAX_LINE = 1024
@@ -49,9 +51,8 @@ _LISTEN, _WAKE = object(), object()
 class _Conn:
     """One control connection, as the server sees it."""
 
-    sock: socket.socket
-    auth: Acceptor | None  # the handshake in progress; None once the peer proved itself
-    deadline: float = 0.0  # of the handshake
+    sock: socket.socket  # plain, or TLS-wrapped (``Admission.sock``)
+    auth: Admission | None  # the handshake in progress; None once the peer proved itself
     buf: bytes = b""
     name: str = ""
     role: str = ""  # once proven: "w" writer, "r" reader, "o" a one-shot closer
@@ -77,7 +78,8 @@ class ControlServer:
     reach (on a cluster: this node's IP). One lock guards the channel table.
     """
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", tls: bool = False) -> None:
+        self.tls = tls  # every connection runs TLS first; its channels' endpoints too
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family)
         self._listener.setblocking(False)
@@ -99,12 +101,13 @@ class ControlServer:
         _LIVE.add(self)
 
     @classmethod
-    def shared(cls, host: str = "127.0.0.1") -> ControlServer:
-        """This process's server on ``host``, started on first use (again after a fork)."""
+    def shared(cls, host: str = "127.0.0.1", tls: bool = False) -> ControlServer:
+        """This process's server on ``host`` (with or without TLS), started on first use
+        (again after a fork)."""
         with _shared_lock:
-            server = _shared.get(host)
+            server = _shared.get((host, tls))
             if server is None or server._stopped or server._pid != os.getpid():
-                server = _shared[host] = cls(host)
+                server = _shared[(host, tls)] = cls(host, tls)
             return server
 
     def close(self) -> None:
@@ -190,12 +193,12 @@ class ControlServer:
 
     def _next_deadline(self) -> float | None:
         with self._lock:
-            soonest = min((c.deadline for c in self._conns if c.auth is not None), default=None)
+            soonest = min((c.auth.deadline for c in self._conns if c.auth is not None), default=None)
         return None if soonest is None else max(0.0, soonest - time.monotonic()) + 0.01
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for conn in [c for c in self._conns if c.auth is not None and c.deadline <= now]:
+        for conn in [c for c in self._conns if c.auth is not None and c.auth.deadline <= now]:
             self._refuse(conn, f"no proof within {HANDSHAKE_S:g} s")
 
     def _serve_one(self, conn: _Conn) -> None:
@@ -211,22 +214,24 @@ class ControlServer:
     def _accept(self) -> None:
         try:
             sock, _ = self._listener.accept()
-        except BlockingIOError:
+        except WOULD_BLOCK:
             return
         except OSError as exc:  # out of fds, ...: the listener stays readable, so back off
             logger.warning("socket channel control server cannot accept: %s", exc)
             time.sleep(_BACKOFF_S)
             return
-        conn = _Conn(sock, Acceptor(self._secret_for), time.monotonic() + HANDSHAKE_S)
         try:
             sock.setblocking(False)
             tune(sock)
-            sock.send(conn.auth.challenge)  # type: ignore[union-attr] # a fresh socket takes it
-        except OSError:
+            admission = Admission(sock, self._secret_for, self.tls)
+            conn = _Conn(admission.sock, admission)
+        except (OSError, ValueError) as exc:  # ValueError: TLS on, no certificate here
+            self.refusals.refuse("?", exc)
             sock.close()
             return
         self._conns.add(conn)
-        self._selector.register(sock, selectors.EVENT_READ, conn)
+        self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        self._authenticate(conn)  # plain: the challenge goes out now
 
     def _secret_for(self, claim: bytes) -> bytes | None:
         """The secret that proves ``control <name> <role>``: channel ``name``'s."""
@@ -238,36 +243,38 @@ class ControlServer:
 
     def _authenticate(self, conn: _Conn) -> None:
         """One step of a connection's handshake: nothing else is read before it succeeds."""
-        assert conn.auth is not None
+        admission = conn.auth
+        assert admission is not None
         try:
-            data = conn.sock.recv(conn.auth.wanted())
-        except BlockingIOError:
-            return
-        except OSError as exc:
+            if not admission.advance():
+                events = selectors.EVENT_WRITE if admission.want == select.POLLOUT else selectors.EVENT_READ
+                self._selector.modify(conn.sock, events, conn)
+                return
+        except (AuthError, OSError) as exc:
             return self._refuse(conn, exc)
-        try:
-            if not data:
-                raise AuthError("it closed the connection during the handshake")
-            proof = conn.auth.feed(data)
-        except AuthError as exc:
-            return self._refuse(conn, exc)
-        if proof is None:
-            return None
-        _, name, role = (conn.auth.claim or b"").decode("ascii").split(" ")
+        _, name, role = (admission.acceptor.claim or b"").decode("ascii").split(" ")
         conn.auth = None
-        _say(conn, proof)
+        self._selector.modify(conn.sock, selectors.EVENT_READ, conn)
         self._hello(conn, name, role)
+        if not conn.dead and pending(conn.sock):  # decrypted already: no readiness will say so
+            self._on_readable(conn)
         return None
 
     def _on_readable(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(4096)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:  # the endpoint detached, or its process exited
-            return self._drop(conn)
+        while not conn.dead:
+            try:
+                data = conn.sock.recv(4096)
+            except WOULD_BLOCK:
+                return
+            except OSError:
+                data = b""
+            if not data:  # the endpoint detached, or its process exited
+                return self._drop(conn)
+            self._on_lines(conn, data)
+            if not pending(conn.sock):
+                return
+
+    def _on_lines(self, conn: _Conn, data: bytes) -> None:
         *lines, conn.buf = (conn.buf + data).split(b"\n")
         for line in lines:
             if conn.dead:
@@ -346,7 +353,7 @@ def _say(conn: _Conn, line: bytes) -> None:
 
 
 _LIVE: weakref.WeakSet[ControlServer] = weakref.WeakSet()
-_shared: dict[str, ControlServer] = {}
+_shared: dict[tuple[str, bool], ControlServer] = {}
 _shared_lock = threading.Lock()
 
 

@@ -13,6 +13,7 @@ import math
 import os
 import select
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -20,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cgraph.channels import tls
 from cgraph.channels.handshake import HANDSHAKE_S, AuthError, RefusedError, prove
+from cgraph.channels.tls import WOULD_BLOCK, pending
 from cgraph.errors import ChannelClosedError, ChannelLostError, ChannelTimeoutError
 
 POLL_S = 0.15  # longest sleep before re-checking the closed state
@@ -43,6 +46,7 @@ class SocketHandle:
     secret: bytes = field(default=b"", repr=False)
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     peer: str = ""  # the other end, for messages: "writer a (Worker) on node 3f2a..."
+    tls: bool = False  # every connection runs TLS first (``tls``)
 
     def attach(self) -> Any:
         """Open this endpoint in the calling process; never waits for the peer.
@@ -116,8 +120,8 @@ class Endpoint:
         """Take in what the server sent, without waiting; True once closed (or detached)."""
         while not (self._closed or self._detached):
             try:
-                data = self._ctl.recv(4096, socket.MSG_DONTWAIT)
-            except BlockingIOError:
+                data = self._ctl.recv(4096)
+            except WOULD_BLOCK:
                 break
             except OSError:
                 data = b""
@@ -147,7 +151,9 @@ class Endpoint:
         while True:
             if self._poll_control():
                 raise self._closed_error()
-            if (self._addr is not None) if sock is None else any(fd != ctl for fd, _ in ready):
+            if sock is None and self._addr is not None:
+                return True
+            if sock is not None and (any(fd != ctl for fd, _ in ready) or pending(sock)):
                 return True
             wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if wait <= 0:
@@ -201,9 +207,17 @@ def _dial(handle: SocketHandle, role: str) -> socket.socket:
             f"{handle.control} ({exc}); the owner (driver) exited, or this host cannot reach it"
         ) from None
     tune(sock)
+    sock.setblocking(False)
+    deadline = time.monotonic() + HANDSHAKE_S
     try:
-        prove(sock, handle.secret, f"control {handle.name} {role}".encode(),
-              time.monotonic() + HANDSHAKE_S)
+        if handle.tls:
+            sock = tls.wrap(sock, server_side=False)
+            tls.handshake(sock, deadline)
+        prove(sock, handle.secret, f"control {handle.name} {role}".encode(), deadline)
+    except (ssl.SSLError, TimeoutError) as exc:
+        sock.close()
+        raise ChannelClosedError(f"socket channel {handle.name}: TLS with the control server at "
+                                 f"{handle.control} failed ({exc})") from None
     except RefusedError:
         pass  # the server does not know the channel (unlinked, or never made there)
     except AuthError as exc:
@@ -212,7 +226,6 @@ def _dial(handle: SocketHandle, role: str) -> socket.socket:
             f"socket channel {handle.name}: the control server at {handle.control} failed "
             f"the handshake ({exc}); it is not this graph's owner"
         ) from None
-    sock.settimeout(None)
     return sock
 
 
@@ -225,6 +238,7 @@ def watch_closed(handle: SocketHandle, on_close: Callable[[], None]) -> Callable
         ChannelClosedError: the control server cannot be reached.
     """
     sock, stopped = _dial(handle, "o"), threading.Event()
+    sock.setblocking(True)  # this thread sleeps in recv until a line or the end comes
 
     def run() -> None:
         seen = b""
@@ -245,7 +259,7 @@ def watch_closed(handle: SocketHandle, on_close: Callable[[], None]) -> Callable
     def stop() -> None:
         stopped.set()
         try:
-            sock.shutdown(socket.SHUT_RDWR)  # wakes its recv
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # wakes its recv (TLS or not)
         except OSError:
             pass
         thread.join(timeout=1.0)

@@ -41,10 +41,11 @@ import time
 from typing import Any
 
 from cgraph.channels.base import ChannelReader
-from cgraph.channels.handshake import HANDSHAKE_S, Acceptor, AuthError, RefusalLog
+from cgraph.channels.handshake import HANDSHAKE_S, Admission, AuthError, RefusalLog
 from cgraph.channels.serialization import loads
 from cgraph.channels.shm_channel import ShmWriter
 from cgraph.channels.socket_endpoint import LOST_PEER_S, POLL_S, Endpoint, SocketHandle, tune
+from cgraph.channels.tls import WOULD_BLOCK, half_close, send_flags
 from cgraph.errors import ChannelClosedError
 
 FRAME = struct.Struct("<Q")  # value size in bytes, then that many bytes of slot layout
@@ -100,7 +101,7 @@ class SocketReader(Endpoint, ChannelReader):
                 self._arrival.wait(wait)
             body = self._arrived.popleft()
         try:
-            self._data.send(b"\x01", socket.MSG_NOSIGNAL)  # type: ignore[union-attr]
+            self._data.send(b"\x01", send_flags(self._data))  # type: ignore[union-attr,arg-type]
         except OSError:
             pass  # the writer is gone: the next read finds the end of the stream
         return loads(memoryview(body), writable=True)
@@ -114,7 +115,7 @@ class SocketReader(Endpoint, ChannelReader):
         for sock in (self._ctl, self._data):
             try:
                 if sock is not None:
-                    sock.shutdown(socket.SHUT_RDWR)  # wakes the thread's poll at once
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)  # wakes the thread's poll
             except OSError:
                 pass
         if self._pump is not threading.current_thread():
@@ -161,7 +162,7 @@ class SocketReader(Endpoint, ChannelReader):
         self._sink.reserve()
         self._held = 1
         if count >= self._handle.max_inflight:  # the first values came on its initial credits
-            self._data.send(b"\x01", socket.MSG_NOSIGNAL)
+            self._data.send(b"\x01", send_flags(self._data))
 
     def _end_stream(self) -> None:
         """Tell the writer everything sent was taken in (it waits for that before closing),
@@ -169,7 +170,7 @@ class SocketReader(Endpoint, ChannelReader):
         wake too, once they have read and released every value it landed."""
         if self._data is not None:
             try:
-                self._data.shutdown(socket.SHUT_WR)
+                half_close(self._data)
             except OSError:
                 pass
         with self._arrival:
@@ -193,84 +194,71 @@ class SocketReader(Endpoint, ChannelReader):
         listener = self._listener
         assert listener is not None
         claim, secret = f"data {self._handle.name} w".encode(), self._handle.secret
-        pending: dict[int, tuple[socket.socket, Acceptor, float]] = {}
+        pending: dict[int, Admission] = {}
         why = "the channel closed first"
         try:
             while True:
                 self._expire(pending)
-                ready = self._poll_pending(listener, pending)
-                for fd in ready:
+                for fd in self._poll_pending(listener, pending):
                     if fd == listener.fileno():
                         self._accept_all(listener, pending, lambda c: secret if c == claim else None)
                     elif fd in pending and self._step(pending, fd):
                         why = "the writer proved itself first"
-                        return pending.pop(fd)[0]
+                        return pending.pop(fd).sock
         finally:
             for fd in list(pending):
                 self._refuse(pending, fd, why)
             listener.close()  # one writer per channel: nobody else can connect any more
             self._listener = None
 
-    def _poll_pending(self, listener: socket.socket,
-                      pending: dict[int, tuple[socket.socket, Acceptor, float]]) -> list[int]:
+    def _poll_pending(self, listener: socket.socket, pending: dict[int, Admission]) -> list[int]:
         if self._poll_control():
             raise self._closed_error()
         poller = select.poll()
-        for sock in (self._ctl, listener, *(s for s, _, _ in pending.values())):
-            poller.register(sock, select.POLLIN)
-        soonest = min((d for _, _, d in pending.values()), default=time.monotonic() + POLL_S)
+        poller.register(self._ctl, select.POLLIN)
+        poller.register(listener, select.POLLIN)
+        for admission in pending.values():
+            poller.register(admission.sock, admission.want)
+        soonest = min((a.deadline for a in pending.values()), default=time.monotonic() + POLL_S)
         wait = max(0.0, min(POLL_S, soonest - time.monotonic()))
         return [fd for fd, _ in poller.poll(int(wait * 1000) + 1) if fd != self._ctl.fileno()]
 
-    def _accept_all(self, listener: socket.socket, pending: dict[int, Any], lookup: Any) -> None:
+    def _accept_all(self, listener: socket.socket, pending: dict[int, Admission], lookup: Any) -> None:
         while True:
             try:
                 sock, peer = listener.accept()
-            except (BlockingIOError, InterruptedError):
+            except WOULD_BLOCK:
                 return
             except OSError as exc:  # out of fds: refuse nothing, try again on the next wake
                 self.refusals.refuse("?", f"accept failed ({exc})")
                 return
-            acceptor = Acceptor(lookup)
             try:
                 sock.setblocking(False)
                 tune(sock)
-                sock.send(acceptor.challenge)  # a fresh socket's buffer takes it whole
-            except OSError as exc:
+                admission = Admission(sock, lookup, self._handle.tls)
+                if len(pending) >= MAX_PENDING:  # evict the oldest: a flood cannot hold the door
+                    oldest = min(pending, key=lambda fd: pending[fd].deadline)
+                    self._refuse(pending, oldest, "too many connections at once")
+                pending[admission.sock.fileno()] = admission  # the poll loop drives it
+            except (OSError, ValueError) as exc:  # ValueError: no TLS certificate here
                 self.refusals.refuse(peer, exc)
                 sock.close()
-                continue
-            if len(pending) >= MAX_PENDING:  # evict the oldest: a flood cannot hold the door
-                oldest = min(pending, key=lambda fd: pending[fd][2])
-                self._refuse(pending, oldest, "too many connections at once")
-            pending[sock.fileno()] = (sock, acceptor, time.monotonic() + HANDSHAKE_S)
 
-    def _step(self, pending: dict[int, tuple[socket.socket, Acceptor, float]], fd: int) -> bool:
+    def _step(self, pending: dict[int, Admission], fd: int) -> bool:
         """Take what connection ``fd`` sent; True once it proved it is the writer."""
-        sock, acceptor, _ = pending[fd]
         try:
-            data = sock.recv(acceptor.wanted())
-            if not data:
-                raise AuthError("it closed the connection during the handshake")
-            proof = acceptor.feed(data)
-            if proof is None:
-                return False
-            sock.send(proof)
-        except BlockingIOError:
-            return False
+            return pending[fd].advance()
         except (AuthError, OSError) as exc:
             self._refuse(pending, fd, exc)
             return False
-        sock.setblocking(False)
-        return True
 
-    def _expire(self, pending: dict[int, tuple[socket.socket, Acceptor, float]]) -> None:
+    def _expire(self, pending: dict[int, Admission]) -> None:
         now = time.monotonic()
-        for fd in [fd for fd, (_, _, deadline) in pending.items() if deadline <= now]:
+        for fd in [fd for fd, admission in pending.items() if admission.deadline <= now]:
             self._refuse(pending, fd, f"no proof within {HANDSHAKE_S:g} s")
 
-    def _refuse(self, pending: dict[int, Any], fd: int, why: object) -> None:
-        sock = pending.pop(fd)[0]
+    def _refuse(self, pending: dict[int, Admission], fd: int, why: object) -> None:
+        sock = pending.pop(fd).sock
         try:
             peer: object = sock.getpeername()
         except OSError:
@@ -290,7 +278,7 @@ class SocketReader(Endpoint, ChannelReader):
         while got < view.nbytes:
             try:
                 n = sock.recv_into(view[got:])
-            except BlockingIOError:
+            except WOULD_BLOCK:
                 stall = None if idle_ok and got == 0 else time.monotonic() + LOST_PEER_S
                 if not self._wait(sock, select.POLLIN, stall):
                     raise _EndOfStream(f"no byte of a value for {LOST_PEER_S} s") from None

@@ -50,6 +50,7 @@ class Allocation:
     tag: str
     options: CompileOptions
     secret: bytes | None = None  # the graph's: socket endpoints prove they know it
+    tls: bool = False  # its sockets run TLS first
     remote: Mapping[str, ShmHandle] = field(default_factory=dict)  # made on other nodes, by id
 
 
@@ -118,7 +119,7 @@ class _SocketResource(_ChannelResource):
         options = alloc.options
         self.channel = socket_channel(alloc.tag, spec.id, options.max_inflight_executions,
                                       secret=alloc.secret, max_value_bytes=options.max_value_bytes,
-                                      ends=ends)
+                                      ends=ends, tls=alloc.tls)
         self.landing: Any = None
         if len(self.readers) > 1:
             landing = replace(spec, id=f"{spec.id}.relay")
@@ -161,25 +162,26 @@ def remote_segments(planned: Any) -> dict[str, list[tuple[str, int]]]:
 
 
 def socket_channel(tag: str, channel_id: str, max_inflight: int, *, secret: bytes | None = None,
-                   max_value_bytes: int | None = None, ends: tuple[str, str] = ("", "")) -> Any:
+                   max_value_bytes: int | None = None, ends: tuple[str, str] = ("", ""),
+                   tls: bool = False) -> Any:
     """A one-reader TCP channel whose endpoints find each other through this driver and
-    prove they know ``secret`` (the graph's; None: one of its own)."""
+    prove they know ``secret`` (the graph's; None: one of its own), over TLS if ``tls``."""
     import ray
 
     from cgraph.channels.socket_channel import ControlServer, SocketChannel
 
-    server = ControlServer.shared(ray.util.get_node_ip_address())
+    server = ControlServer.shared(ray.util.get_node_ip_address(), tls=tls)
     limit = {} if max_value_bytes is None else {"max_value_bytes": max_value_bytes}
     return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight, secret=secret,
                                 ends=ends, **limit)
 
 
 def node_channel(tag: str, channel_id: str, hosts: tuple[str, str], *, max_inflight: int,
-                 buffer_size: int, secret: bytes | None = None) -> Any:
+                 buffer_size: int, secret: bytes | None = None, tls: bool = False) -> Any:
     """A one-reader channel from ``hosts[0]`` to ``hosts[1]`` ("" = the driver's node):
     shared memory when both are the driver's node, else a socket."""
     if any(hosts):
-        return socket_channel(tag, channel_id, max_inflight, secret=secret)
+        return socket_channel(tag, channel_id, max_inflight, secret=secret, tls=tls)
     return ShmChannel.create(tag, channel_id, num_readers=1, max_inflight=max_inflight,
                              buffer_size=buffer_size)
 
@@ -190,13 +192,14 @@ _RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResourc
 
 def create_channel(spec: Any, *, tag: str, options: CompileOptions, secret: bytes | None = None,
                    ends: tuple[str, str] = ("", ""),
-                   remote: Mapping[str, ShmHandle] | None = None) -> Any:
+                   remote: Mapping[str, ShmHandle] | None = None, tls: bool = False) -> Any:
     """Allocate what one channel needs on the driver.
 
     Args:
         secret: the graph's secret, which a socket channel's endpoints prove they know.
         ends: its writer and reader in words, for errors about a lost peer.
         remote: handles of the channels other nodes made (``remote_segments``), by id.
+        tls: its sockets run TLS first.
 
     Raises:
         CompileError: a transport this build cannot run yet.
@@ -208,7 +211,7 @@ def create_channel(spec: Any, *, tag: str, options: CompileOptions, secret: byte
             f"({spec.transport}), which this build of cgraph cannot run yet; "
             "use transport='shm' (or 'auto') on that edge"
         )
-    return factory(spec, Allocation(tag, options, secret, remote or {}), ends)
+    return factory(spec, Allocation(tag, options, secret, tls, remote or {}), ends)
 
 
 def open_reader(handle: Any) -> Any:

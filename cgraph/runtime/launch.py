@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from cgraph._log import logger
+from cgraph.channels import tls
 from cgraph.channels.handshake import new_secret
 from cgraph.channels.relay import RelayHandle
 from cgraph.channels.segments import cleanup_stale_segments
@@ -75,7 +76,7 @@ def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
 
 
 def _allocate(planned: Any, handles: dict[str, Any], tag: str, options: CompileOptions,
-              secret: bytes, resources: dict[str, Any]) -> None:
+              secret: bytes, resources: dict[str, Any], use_tls: bool) -> None:
     """Make every channel into ``resources`` (also when one fails, so all can be freed):
     other nodes' shared memory first, through one actor of each (its *agent*)."""
     graph: Graph = planned.graph
@@ -87,11 +88,11 @@ def _allocate(planned: Any, handles: dict[str, Any], tag: str, options: CompileO
     for spec in planned.plan.channels:
         ends = (_describe(graph, "writer", spec.writer), _describe(graph, "reader", spec.readers[0]))
         resources[spec.id] = create_channel(spec, tag=tag, options=options, secret=secret, ends=ends,
-                                            remote=made.handles)
+                                            remote=made.handles, tls=use_tls)
 
 
 def _node_watch(actor: str, program: ActorProgram, tag: str, secret: bytes,
-                resources: dict[str, Any]) -> dict[str, Any]:
+                resources: dict[str, Any], use_tls: bool) -> dict[str, Any]:
     """``extra`` for an actor off the driver's node that uses its node's shared memory: a
     channel the driver closes to close them (teardown, a failure) and their names."""
     handles = [*program.readers.values(), *(h for hs in program.writers.values() for h in hs)]
@@ -99,7 +100,7 @@ def _node_watch(actor: str, program: ActorProgram, tag: str, secret: bytes,
                    | {h.shm_reader.name for h in handles if isinstance(h, RelayHandle)})
     if not names:
         return {}
-    watch = socket_channel(tag, f"{actor}.watch", 1, secret=secret)
+    watch = socket_channel(tag, f"{actor}.watch", 1, secret=secret, tls=use_tls)
     resources[f"{tag}.{actor}.watch"] = watch
     return {"node": NodeWatch(watch.reader_handle(), tuple(names))}
 
@@ -182,10 +183,11 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
         logger.info("removed %d stale shared-memory segment(s) of dead cgraph drivers", len(removed))
     tag = uuid.uuid4().hex[:8]
     secret = new_secret()  # reaches the actors inside their programs, through Ray's own calls
+    use_tls = tls.wanted(options.tls)
     labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
     resources: dict[str, Any] = {}
     try:
-        _allocate(planned, handles, tag, options, secret, resources)
+        _allocate(planned, handles, tag, options, secret, resources, use_tls)
         comm = setup_communicators(front, planned, tag, options)  # groups + side channels
         resources[f"{tag}.communicators"] = comm
         cpus = choose_cpus(options.cpu_affinity)
@@ -193,7 +195,7 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
         programs = {}
         for a in planned.schedule:
             program = _program(a, labels[a], planned, resources, tag)
-            node = _node_watch(a, program, tag, secret, resources) if a not in local else {}
+            node = _node_watch(a, program, tag, secret, resources, use_tls) if a not in local else {}
             programs[a] = replace(program, extra={**comm.extra(a), **node,
                                                   "cpu_affinity": cpus if a in local else None})
         endpoints = _driver_endpoints(planned, resources)

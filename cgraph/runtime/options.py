@@ -18,6 +18,7 @@ class CompileOptions:
     default_communicator: Any = None
     cpu_affinity: Any = None  # None | "colocate" | set of CPU ids (see runtime/affinity.py)
     max_value_bytes: int = 16 << 30  # the largest value a cross-node channel carries
+    tls: bool | None = None  # TLS on every socket; None: CGRAPH_TLS / RAY_USE_TLS decide
 
     def __post_init__(self) -> None:
         for name in ("submit_timeout", "get_timeout"):  # Ray's -1 (any negative): no limit

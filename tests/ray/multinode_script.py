@@ -64,7 +64,23 @@ class Node:
         return x
 
 
+def give_this_cluster_certificates() -> None:
+    """Certificates of a test CA for every process (the nodes inherit this environment)."""
+    import tempfile
+
+    import trustme
+
+    folder, ca = tempfile.mkdtemp(prefix="cgraph-tls-"), trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(f"{folder}/cert.pem")
+    cert.private_key_pem.write_to_path(f"{folder}/key.pem")
+    ca.cert_pem.write_to_path(f"{folder}/ca.pem")
+    os.environ.update(CGRAPH_TLS_CERT=f"{folder}/cert.pem", CGRAPH_TLS_KEY=f"{folder}/key.pem",
+                      CGRAPH_TLS_CA=f"{folder}/ca.pem")
+
+
 def main() -> None:
+    give_this_cluster_certificates()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "resources": {"head": 10}, "include_dashboard": False})
     cluster.add_node(num_cpus=2, resources={"node2": 10})
@@ -107,6 +123,7 @@ def run_checks() -> None:
     compiled.teardown()
 
     check_shared_memory_on_node2(a, b, c)
+    check_tls(a, b, c)
 
     with InputNode() as inp:
         dag = a.inc.bind(c.fail_on.bind(b.inc.bind(inp), bad=5))
@@ -177,6 +194,21 @@ def check_shared_memory_on_node2(a, b, c) -> None:
     report("relay", channels=channels, got=got,
            want=[[[True, float(sum(range(n)))]] * 2 for n in (1000, 1 << 18, 7)],
            left=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+
+
+def check_tls(a, b, c) -> None:
+    """The same graph shapes with tls=True: every socket encrypted, values unchanged."""
+    with InputNode() as inp:
+        x = b.make.bind(inp)
+        dag = MultiOutputNode([a.zero_copy.bind(x), c.zero_copy.bind(x), b.inc.bind(inp)])
+    compiled = cgraph.compile(dag, tls=True)
+    sockets = [r.channel.handle for r in compiled._ep.resources
+               if type(getattr(r, "channel", None)).__name__ == "SocketChannel"]
+    got = [compiled.execute(n).get(timeout=60) for n in (5, 1 << 20)]
+    compiled.teardown()
+    report("tls", sockets=len(sockets), all_tls=all(h.tls for h in sockets), got=got,
+           want=[[[False, float(sum(range(n)))], [True, float(sum(range(n)))], n + 1]
+                 for n in (5, 1 << 20)])
 
 
 if __name__ == "__main__":

@@ -76,6 +76,12 @@ def test_a_value_read_by_two_actors_of_another_node_crosses_once(checks):
     assert entry["left"] == []
 
 
+def test_tls_carries_every_socket_of_a_graph_that_asks(checks):
+    entry = checks["tls"]
+    assert entry["sockets"] >= 3 and entry["all_tls"], entry
+    assert entry["got"] == entry["want"], "a's values crossed (private copies), c shares node2's"
+
+
 def test_user_errors_cross_nodes_and_the_graph_survives(checks):
     errors = checks["errors"]
     assert errors["first"] == 3 and errors["after"] == 9
