@@ -1,9 +1,12 @@
-"""NCCL communicator: torch.distributed's ``ProcessGroupNCCL``, joined through a driver's TCPStore.
+"""NCCL communicator: torch.distributed's ``ProcessGroupNCCL``, joined through a store actor.
 
-    driver                                     actor (rank r of n)
-    store = TCPStore(ip, port 0, master)  ──►  TCPStore(ip, port) client
-    NcclRendezvous(ip, port, prefix)           PrefixStore(prefix, client)
-                                               ProcessGroupNCCL(prefix store, r, n)
+    driver                                       actor (rank r of n)
+    start_store_actor() on the driver's node ──►  RayStore(actor).prefixed(prefix)
+    NcclRendezvous(actor, prefix, timeout_s)      ProcessGroupNCCL(that store, r, n)
+
+The rendezvous keys (NCCL's unique id among them) live in a ``KVStore`` actor
+(``cgraph.collective.ray_store``) and travel by Ray calls: no TCP server is
+opened for them, so only the graph's Ray cluster can read or write them.
 
 The process group is built directly (no ``init_process_group``, so no global
 default group is touched and one actor may belong to several graphs' groups);
@@ -16,7 +19,8 @@ call sees its result. ``synchronize`` blocks the CPU until that stream is done.
 ``abort`` (from any thread: the actor's watcher calls it when the driver closes
 the graph) aborts the NCCL communicators, so a call blocked on a dead peer
 fails instead of hanging. Every call here needs CUDA and cannot run on a CPU
-machine; ``NcclRendezvous.create`` (the driver side) needs only torch.
+machine; ``NcclRendezvous`` (the driver's side, and the store a rank connects)
+needs only Ray and torch.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.communicator import GpuCommunicator, as_reduce_op, split_chunks
+from cgraph.collective.rendezvous import RENDEZVOUS_TIMEOUT_S
 from cgraph.collective.types import ReduceOp
 
 if TYPE_CHECKING:
@@ -40,25 +45,35 @@ _TORCH_OP = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PRODUCT", ReduceOp.MIN: "MI
 
 @dataclass(frozen=True)
 class NcclRendezvous:
-    """Where the members meet (picklable): the driver's TCPStore and a key prefix."""
+    """Where the members meet (picklable): a store actor's handle, a key prefix, and how
+    long a rank waits for the others' keys."""
 
-    host: str
-    port: int
+    store: Any  # a KVStore actor (ray_store)
     prefix: str
+    timeout_s: float = RENDEZVOUS_TIMEOUT_S
 
     @classmethod
-    def create(cls, prefix: str) -> tuple[NcclRendezvous, Any]:
-        """Start a TCPStore server on this node (the driver) on a free port.
+    def create(cls, prefix: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> tuple[NcclRendezvous, Any]:
+        """Start a store actor on this node (the driver's).
+
+        Args:
+            prefix: the group's keys are ``<prefix>/<key>`` in the store.
+            timeout_s: how long a rank waits for the others' keys (the first handshake).
 
         Returns:
-            The rendezvous record to ship, and the store (keep it alive until teardown).
+            The rendezvous record to ship, and the actor's handle (keep it until teardown:
+            Ray ends the actor once every handle is dropped).
         """
-        import ray
-        from torch.distributed import TCPStore
+        from cgraph.collective.ray_store import start_store_actor
 
-        host = ray.util.get_node_ip_address()
-        store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-        return cls(host, store.port, prefix), store
+        actor = start_store_actor()
+        return cls(actor, prefix, timeout_s), actor
+
+    def connect(self) -> Any:
+        """This rank's store (a ``torch.distributed.Store``; keep it as long as its process group)."""
+        from cgraph.collective.ray_store import connect_store
+
+        return connect_store(self.store, self.timeout_s).prefixed(self.prefix)
 
 
 class NcclCommunicator(GpuCommunicator):
@@ -77,12 +92,13 @@ class NcclCommunicator(GpuCommunicator):
                 "the NCCL communicator needs CUDA and a torch built with NCCL; on CPU actors "
                 'compile with default_communicator="cpu" (the CPU communicator)'
             )
-        client = dist.TCPStore(rendezvous.host, rendezvous.port, is_master=False, timeout=timedelta(seconds=60))
-        store = dist.PrefixStore(rendezvous.prefix, client)
+        # referenced here as long as the process group: C++ holds only its own reference,
+        # and pybind loses a Python store's methods once no Python reference is left
+        self._store = rendezvous.connect()
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = TIMEOUT
         self._device = torch.device("cuda", torch.cuda.current_device())
-        self._pg = dist.ProcessGroupNCCL(store, rank, world_size, options)
+        self._pg = dist.ProcessGroupNCCL(self._store, rank, world_size, options)
         self._stream = torch.cuda.Stream(self._device)
         self._rank, self._size = rank, world_size
         self._lock = threading.Lock()

@@ -11,12 +11,13 @@ any rank of ``init_collective_group``, or the driver's
       reply = join(r, node, pid)  ──────────►  cpu:  first join makes the shm link
                                                mesh (create_links); each rank gets
                                                its LinkEnds
-                                               gloo/nccl: first join starts a TCPStore
-                                               server here; each rank gets its address
+                                               gloo/nccl: each rank gets this actor's
+                                               handle; torch's rendezvous keys live
+                                               here (a KVStore, ``ray_store``)
       ... collectives run rank to rank; the store is not involved ...
     destroy_collective_group("g")
       leave(r)  ─────────────────────────────► the last member out closes and unlinks
-      (last one) ray.kill(store)               every segment (and stops the TCPStore)
+      (last one) ray.kill(store)               every segment (the keys go with the actor)
 
 ``join`` never blocks: links are buffered and a peer that never comes makes the
 first collective time out, naming it. Declared groups record which actor
@@ -25,6 +26,12 @@ holds which rank; a member's first collective call asks the store
 reports it (``report_abort``) before closing its links, so the peers it wakes
 can say why. Store methods return ``Reply`` values instead of raising, so the
 caller raises a clean ``CollectiveGroupError`` in its own process.
+
+No TCP server is opened for gloo/nccl (a torch TCPStore would let anyone who
+reaches the node read and write the rendezvous): ranks reach the keys by Ray
+calls only. The store is an async actor because of its ``kv_`` methods, which
+wait without a thread; its own methods below are quick and synchronous, so they
+run one at a time on the actor's event loop, as before.
 
 The "cpu" backend needs every rank on the store's node (its links are files
 in that node's /dev/shm); a rank elsewhere gets an error saying to use "gloo".
@@ -41,6 +48,7 @@ from typing import Any
 
 import ray
 
+from cgraph.collective.ray_store import KVStore, on_this_node
 from cgraph.errors import CollectiveGroupError, CollectiveTimeoutError
 
 STORE_PREFIX = "cgraph.collective:"
@@ -82,14 +90,14 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Membership:
-    """What a rank needs to connect: the spec, the store's node, links or a TCP address."""
+    """What a rank needs to connect: the spec, the store's node, links or the key store."""
 
     spec: GroupSpec
     rank: int
     node: str
     nonce: str
     ends: Any = None  # cpu: this rank's LinkEnds
-    address: tuple[str, int] | None = None  # gloo / nccl: the TCPStore server
+    store: Any = None  # gloo / nccl: the store actor's handle (its keys: ray_store.RayStore)
 
 
 @dataclass
@@ -98,14 +106,15 @@ class _State:
     left: set[int] = field(default_factory=set)
     channels: list[Any] = field(default_factory=list)
     ends: list[Any] = field(default_factory=list)
-    tcp_store: Any = None
     abort: str | None = None
 
 
-class GroupStore:
-    """The store actor of one group (see the module docstring). Every method is quick."""
+class GroupStore(KVStore):
+    """The store actor of one group (see the module docstring). Its own methods are
+    quick; the ``kv_`` ones (torch's rendezvous keys, gloo/nccl) are ``KVStore``'s."""
 
     def __init__(self, spec: GroupSpec) -> None:
+        super().__init__()
         self._spec = spec
         self._node = ray.get_runtime_context().get_node_id()
         self._nonce = uuid.uuid4().hex[:8]
@@ -167,7 +176,7 @@ class GroupStore:
             channel.close()
         for channel in state.channels:
             removed += channel.unlink()
-        state.channels, state.ends, state.tcp_store = [], [], None
+        state.channels, state.ends = [], []
         return removed
 
     # ------------------------------------------------------------------ internals
@@ -201,21 +210,9 @@ class GroupStore:
                 tag = f"{SHM_TAG_PREFIX}{spec.name}.{self._nonce}"
                 state.channels, state.ends = create_links(tag, "link", spec.world_size)
             return Membership(spec, rank, self._node, self._nonce, ends=state.ends[rank])
-        if state.tcp_store is None:
-            state.tcp_store = _tcp_store_server(max(spec.timeout_s, RENDEZVOUS_TIMEOUT_S))
-        address = (ray.util.get_node_ip_address(), state.tcp_store.port)
-        return Membership(spec, rank, self._node, self._nonce, address=address)
-
-
-def _tcp_store_server(timeout_s: float) -> Any:
-    import datetime
-
-    import torch.distributed as dist
-
-    return dist.TCPStore(
-        ray.util.get_node_ip_address(), 0, None, True,
-        datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-    )
+        # the ranks reach this actor's keys by Ray calls: no port to open, none to find
+        me = ray.get_runtime_context().current_actor
+        return Membership(spec, rank, self._node, self._nonce, store=me)
 
 
 def _not_declared(spec: GroupSpec, imperative: bool) -> str:
@@ -228,13 +225,6 @@ def _not_declared(spec: GroupSpec, imperative: bool) -> str:
 
 # --------------------------------------------------------------------------- client side
 _StoreActor = ray.remote(num_cpus=0, max_restarts=0)(GroupStore)
-
-
-def _placement() -> dict[str, Any]:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    node = ray.get_runtime_context().get_node_id()
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
 
 def create_store(spec: GroupSpec, *, exclusive: bool) -> Any:
@@ -251,7 +241,7 @@ def create_store(spec: GroupSpec, *, exclusive: bool) -> Any:
         raise CollectiveGroupError(
             f"group {spec.name!r} already exists; destroy_collective_group({spec.name!r}) "
             "first or pick another group_name", spec.name)
-    options = dict(name=name, get_if_exists=not exclusive, lifetime="non_detached", **_placement())
+    options = dict(name=name, get_if_exists=not exclusive, lifetime="non_detached", **on_this_node())
     store = _StoreActor.options(**options).remote(spec)
     _HELD[spec.name] = store
     return store

@@ -4,16 +4,18 @@ Each group gets its own ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` built
 straight from a store, never through ``init_process_group``, so a process can
 belong to many groups and torch's global default group stays untouched::
 
-    store actor: TCPStore server (host, port)      rank r: TCPStore client
-    PrefixStore("<group>.<nonce>", client)  ->  ProcessGroupGloo(prefix, r, p, options)
-    team Team(0 2):  PrefixStore("<group>.<nonce>[0,2]", client) -> its own process group
+    rank r: root = connect_store(membership.store).prefixed("<group>.<nonce>")
+    group:  root.prefixed("<group>[0,1,2,3]") -> ProcessGroupGloo(that store, r, p, options)
+    team Team(0 2):  root.prefixed("<group>[0,2]") -> its own process group
 
-Teams reuse the group's TCPStore (no Ray round trip); building a team's process
-group waits until every team member splits. The backend's own collectives do
-the work: ``algorithm`` may only be "auto" (cgraph's algorithms run on the
-"cpu" backend). Before each call the ranks compare signatures (dtype, shape,
-op, root; ``signatures``), because gloo kills the process on a size mismatch.
-Failures of the backend (a timeout, a dead peer) become
+The keys live in the group's store actor (a ``GroupStore`` is a ``KVStore``) and
+go there by Ray calls: no TCP server is opened for them (``RayStore.prefixed``
+does PrefixStore's job: see ``ray_store`` for why). Teams reuse the group's
+store (no new rendezvous); building a team's process group waits until every
+team member splits. The backend's own collectives do the work: ``algorithm``
+may only be "auto" (cgraph's algorithms run on the "cpu" backend). Before each
+call the ranks compare signatures (dtype, shape, op, root; ``signatures``),
+because gloo kills the process on a size mismatch. Failures of the backend (a timeout, a dead peer) become
 ``CollectiveTimeoutError`` / ``CollectiveError`` naming the group and rank.
 """
 
@@ -73,7 +75,9 @@ class TorchComm:
                  nodes: tuple[Hashable, ...], device: str) -> None:
         self._make, self._name, self._members, self._device = make, name, members, device
         self._prefix = f"{name}[{','.join(map(str, members.ranks))}]"
-        self.process_group = make(members, self._prefix)
+        # the store stays referenced here: C++ holds the process group's, and pybind
+        # loses a Python store's methods once no Python reference is left
+        self.process_group, self._store = make(members, self._prefix)
         self.rank, self.world_size = self.process_group.rank(), self.process_group.size()
         self.nodes = nodes
         self._broken: str | None = None
@@ -208,22 +212,27 @@ def _text(header: Any) -> str:
 
 
 def connect(membership: Any, hooks: Hooks) -> TorchComm:
-    """This rank's ``TorchComm`` from its store ``Membership`` (gloo or nccl)."""
-    dist = _dist()
-    spec, host = membership.spec, membership.address[0]
+    """This rank's ``TorchComm`` from its store ``Membership`` (gloo or nccl).
+
+    Raises:
+        RuntimeError: torch could not build the process group (a rank did not
+            arrive within the rendezvous time: the message says "timed out").
+    """
+    from cgraph.collective.ray_store import connect_store
+
+    spec = membership.spec
     timeout = datetime.timedelta(seconds=spec.timeout_s)
-    rendezvous = datetime.timedelta(seconds=max(spec.timeout_s, RENDEZVOUS_TIMEOUT_S))
-    client = dist.TCPStore(host, membership.address[1], None, False, rendezvous)
+    rendezvous_s = max(spec.timeout_s, RENDEZVOUS_TIMEOUT_S)
+    root = connect_store(membership.store, rendezvous_s).prefixed(f"{spec.name}.{membership.nonce}")
     build, local_host = PROCESS_GROUPS[spec.backend], _local_ip()
-    root = dist.PrefixStore(f"{spec.name}.{membership.nonce}", client)
 
-    def make(members: Team, prefix: str) -> Any:
-        """The process group of ``members`` (group ranks), as this rank sees it."""
+    def make(members: Team, prefix: str) -> tuple[Any, Any]:
+        """The process group of ``members`` (group ranks) as this rank sees it, and its store."""
         rank = members.team_rank(membership.rank)
-        return build(dist.PrefixStore(prefix, root), rank, members.size, timeout, local_host)
+        store = root.prefixed(prefix)
+        return build(store, rank, members.size, timeout, local_host), store
 
-    nodes = _exchange_nodes(dist.PrefixStore("nodes", root), membership.rank,
-                            spec.world_size, hooks.node)
+    nodes = _exchange_nodes(root.prefixed("nodes"), membership.rank, spec.world_size, hooks.node)
     device = "cuda" if spec.backend == "nccl" else "cpu"
     return TorchComm(make, spec.name, Team(tuple(range(spec.world_size))), nodes, device)
 

@@ -15,7 +15,7 @@ communicator op (``comm_ops``).
 
     kind      made on the driver                     opened in the actor          abort
     cpu       one shm link per ordered rank pair     CpuCommunicator(links)       links closed
-    nccl      a TCPStore on a free port              ProcessGroupNCCL via store   watcher thread
+    nccl      a key store actor (ray_store)          ProcessGroupNCCL via store   watcher thread
     cuda_ipc  data + ack shm links                   CudaIpcCommunicator(links)   links closed
     custom    the user's object, checked, pickled    obj.initialize(rank, n, id)  watcher thread
 
@@ -30,6 +30,7 @@ every rank; ``unlink()`` removes the segments and drops the stores.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,7 +97,7 @@ class CommResources:
     """Everything the driver made for a graph's communicators."""
 
     channels: list[Any] = field(default_factory=list)  # ShmChannel or SocketChannel
-    keep_alive: list[Any] = field(default_factory=list)  # TCPStores serving rendezvous
+    keep_alive: list[Any] = field(default_factory=list)  # store actors serving rendezvous
     programs: dict[str, CommProgram] = field(default_factory=dict)
 
     def extra(self, actor: str) -> dict[str, Any]:
@@ -110,6 +111,11 @@ class CommResources:
     def unlink(self) -> None:
         for channel in self.channels:
             channel.unlink()
+        for actor in self.keep_alive:  # end the store actors now: members may hold handles
+            import ray
+
+            with contextlib.suppress(Exception):  # after ray.shutdown() they are gone already
+                ray.kill(actor, no_restart=True)
         self.keep_alive.clear()
 
 
@@ -133,7 +139,7 @@ def _make_ipc(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list
 def _make_nccl(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
     from cgraph.channels.nccl_communicator import NcclRendezvous
 
-    rendezvous, store = NcclRendezvous.create(f"cgraph/{tag}/{name}/")
+    rendezvous, store = NcclRendezvous.create(f"cgraph/{tag}/{name}")
     res.keep_alive.append(store)
     return [rendezvous] * n
 

@@ -3,8 +3,9 @@
     CUDA IPC (one GPU is enough): two processes on GPU 0 exchange tensors device to
         device; send/recv, the star collectives, and a sender that overwrites its
         tensor right after ``send`` (the receiver must still see the old values).
-    NCCL (needs two GPUs): two processes, one GPU each, rendezvous through a
-        TCPStore made here; send/recv and every collective on ``comm.stream``.
+    NCCL (needs two GPUs): two Ray tasks, one GPU each, rendezvous through a
+        store actor made here (``NcclRendezvous``); send/recv and every collective
+        on ``comm.stream``.
 """
 
 from __future__ import annotations
@@ -30,16 +31,17 @@ def _ipc_rank(ends, queue) -> None:  # type: ignore[no-untyped-def]
         queue.put((ends[0].rank, repr(exc)))
 
 
-def _nccl_rank(rendezvous, rank, queue) -> None:  # type: ignore[no-untyped-def]
-    try:
-        from cgraph.channels.nccl_communicator import NcclCommunicator
+def _nccl_rank(rendezvous, rank):  # type: ignore[no-untyped-def]
+    """In a Ray task holding one GPU (Ray makes it device 0 there)."""
+    from cgraph.channels.nccl_communicator import NcclCommunicator
 
-        torch.cuda.set_device(rank)
+    try:
         comm = NcclCommunicator(rendezvous, rank, 2)
-        queue.put((rank, _script(comm)))
+        result = _script(comm)
         comm.destroy()
+        return rank, result
     except BaseException as exc:  # noqa: BLE001
-        queue.put((rank, repr(exc)))
+        return rank, repr(exc)
 
 
 def _script(comm) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -110,11 +112,20 @@ def test_cuda_ipc_between_two_processes_on_one_gpu() -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs")
 def test_nccl_between_two_gpus() -> None:
+    ray = pytest.importorskip("ray")
     from cgraph.channels.nccl_communicator import NcclRendezvous
 
-    rendezvous, store = NcclRendezvous.create(f"test/{uuid.uuid4().hex[:8]}/")
-    mp = multiprocessing.get_context("spawn")
-    queue = mp.Queue()
-    results = _collect([mp.Process(target=_nccl_rank, args=(rendezvous, r, queue)) for r in (0, 1)], queue)
-    del store
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, num_gpus=2, include_dashboard=False)
+    elif ray.cluster_resources().get("GPU", 0) < 2:
+        pytest.skip("Ray runs here without two GPUs")
+    try:
+        rendezvous, store = NcclRendezvous.create(f"test/{uuid.uuid4().hex[:8]}", timeout_s=60)
+        rank_task = ray.remote(num_cpus=0, num_gpus=1)(_nccl_rank)
+        results = dict(ray.get([rank_task.remote(rendezvous, r) for r in (0, 1)], timeout=180))
+        ray.kill(store)
+    finally:
+        if started:
+            ray.shutdown()
     _check(results)
