@@ -99,6 +99,7 @@ class CommResources:
     channels: list[Any] = field(default_factory=list)  # ShmChannel or SocketChannel
     keep_alive: list[Any] = field(default_factory=list)  # store actors serving rendezvous
     programs: dict[str, CommProgram] = field(default_factory=dict)
+    sockets: dict[str, Any] = field(default_factory=dict)  # the graph's secret, tls: for sockets
 
     def extra(self, actor: str) -> dict[str, Any]:
         """The ``ActorProgram.extra`` entries of ``actor`` (none if it has no communicator op)."""
@@ -300,13 +301,15 @@ def _check_custom(name: str, obj: Any) -> None:
 
 
 # --------------------------------------------------------------------------- setup
-def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOptions) -> CommResources:
+def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOptions,
+                        sockets: dict[str, Any] | None = None) -> CommResources:
     """Make every group and side channel of a planned graph (on the driver).
 
     Args:
         front: the front end (``handles`` and ``communicators``, "custom:<name>" -> object).
         planned: the scheduler's result (graph, channel plan, schedule).
         tag: the compiled graph's tag (names the segments).
+        sockets: ``secret`` and ``tls`` for the side and abort channels that are sockets.
 
     Returns:
         The resources (close and unlink them at teardown), with each actor's ``CommProgram``.
@@ -317,7 +320,7 @@ def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOpti
     """
     graph: Graph = planned.graph
     groups, of_collective = plan_groups(graph, planned.plan, _default_name(front, options))
-    res = CommResources()
+    res = CommResources(sockets=sockets or {})
     if not groups:
         return res
     try:
@@ -376,7 +379,7 @@ def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str,
     elif kind.watch:  # members on other nodes: one channel each, closed at teardown
         for rank, member in enumerate(group.members):
             channel = node_channel(tag, f"{group.name}.abort{rank}", ("", hosts[member]),
-                                   max_inflight=1, buffer_size=64)
+                                   max_inflight=1, buffer_size=64, **res.sockets)
             res.channels.append(channel)
             controls[rank] = channel.reader_handle(0)
     return {
@@ -391,8 +394,8 @@ def _add_edge(
 ) -> None:
     (reader,) = spec.readers
     hosts = (graph.actor(spec.writer).host, graph.actor(reader).host)
-    side = node_channel(tag, f"{spec.id}.side", hosts,
-                        max_inflight=options.max_inflight_executions, buffer_size=SIDE_BUFFER)
+    side = node_channel(tag, f"{spec.id}.side", hosts, max_inflight=options.max_inflight_executions,
+                        buffer_size=SIDE_BUFFER, **res.sockets)
     res.channels.append(side)
     method = _method_of(graph, spec.node)
     rank = group.members.index

@@ -188,7 +188,8 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
     resources: dict[str, Any] = {}
     try:
         _allocate(planned, handles, tag, options, secret, resources, use_tls)
-        comm = setup_communicators(front, planned, tag, options)  # groups + side channels
+        comm = setup_communicators(front, planned, tag, options,  # groups + side channels
+                                   sockets={"secret": secret, "tls": use_tls})
         resources[f"{tag}.communicators"] = comm
         cpus = choose_cpus(options.cpu_affinity)
         local = {a.id for a in graph.actors if not a.host}
