@@ -30,6 +30,15 @@ its last tensor as a view where the communicator offers ``recv_view``. A
 failure on the thread (a channel closed by teardown or by the driver after an
 actor died) surfaces where the value is waited for and ends the loop like any
 closed channel.
+
+A SEND on the comm stream is still reading its tensor while the loop goes on,
+and the actor's next method may update that tensor in place (an argument it
+also received, or a tensor it keeps on ``self``). So user code never runs while
+a SEND queued before it is in flight: the first COMPUTE after a ``SEND@comm``
+*fences* (``CommState.fence``): on the CPU it waits for the send; on a GPU the
+loop waits only until the comm thread has enqueued it, and the compute stream
+waits for the send's end event, so the CPU runs ahead as before. RECVs and
+collectives keep overlapping the compute that follows them.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ class CommState:
         self.comms: dict[str, Any] = {}
         self.encoded: dict[str, Encoded | ErrorValue] = {}
         self.futures: list[Future[Any]] = []
+        self.sends: list[Any] = []  # Pendings of SENDs on the comm stream not yet fenced
         self.writers: dict[tuple[str, str], EdgeWriter] = {}
         self.readers: dict[tuple[str, str], EdgeReader] = {}
         self.thread: ThreadPoolExecutor | None = None
@@ -89,13 +99,25 @@ class CommState:
         future = self.thread.submit(_on_stream, comm, token, body)
         self.futures.append(future)
         pending = Pending(lambda: _join(*future.result()))
-        return pending if op.stream is Stream.COMM else pending.result()
+        if op.stream is not Stream.COMM:
+            return pending.result()
+        if op.kind is OpKind.SEND:
+            self.sends.append(pending)
+        return pending
+
+    def fence(self) -> None:
+        """Before user code runs: every SEND queued so far is done with its tensor
+        (CPU: sent; GPU: the compute stream waits for the send's end event)."""
+        sends, self.sends = self.sends, []
+        for pending in sends:
+            pending.result()
 
     def origin(self, method: str) -> Callable[[Exception], ErrorValue]:
         execution, actor = self.ctx.execution, self.ctx.program.label
         return lambda exc: ErrorValue.capture(exc, actor=actor, method=method, execution_index=execution)
 
     def end_execution(self) -> None:
+        self.sends.clear()  # waited for below, with every other op of the execution
         futures, self.futures = self.futures, []
         for future in futures:
             future.result()

@@ -22,7 +22,7 @@ from typing import Any
 from cgraph.channels.intra_channel import IntraWriter
 from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError
 from cgraph.runtime.affinity import pin_thread
-from cgraph.runtime.comm_ops import handle_collective, handle_recv, handle_send
+from cgraph.runtime.comm_ops import comm_state, handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.node_channels import watch_node
@@ -32,7 +32,7 @@ from cgraph.runtime.program import (
     ActorProgram,
     ComputeSpec,
 )
-from cgraph.scheduler.ops import Op, OpKind
+from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
 class Pending:
@@ -72,6 +72,7 @@ class Context:
             for node, ws in self.writers.items()
             if ws and all(isinstance(w, IntraWriter) for w in ws)
         )
+        self.fenced = after_overlapped_sends(program.ops)  # computes that wait for SENDs (comm_ops)
         self.methods: dict[str, Callable[..., Any]] = {}
         self.to_release: list[Any] = []
         self.extra: dict[str, Any] = {}  # communicators and the like, set up by handlers
@@ -201,6 +202,7 @@ def compute_step(op: Op, ctx: Context) -> Step:
     """Run the node's method on its arguments; an upstream error is forwarded instead."""
     spec = ctx.program.computes[op.node]
     values, input_node = ctx.values, ctx.program.input_node
+    fence = op.node in ctx.fenced  # a SEND may still read a tensor this method could update
 
     def resolve(kind: int, what: Any) -> Any:
         if kind == ARG_VALUE:
@@ -219,6 +221,8 @@ def compute_step(op: Op, ctx: Context) -> Step:
 
     def compute() -> None:
         # plain loops and no helper frames: this runs for every method of every execution
+        if fence:
+            comm_state(ctx).fence()
         args = []
         try:
             for kind, what in spec.args:
@@ -244,6 +248,17 @@ def compute_step(op: Op, ctx: Context) -> Step:
                 values[item] = result if isinstance(result, ErrorValue) else result[index]
 
     return compute
+
+
+def after_overlapped_sends(ops: tuple[Op, ...]) -> frozenset[str]:
+    """The COMPUTE nodes that run after a SEND on the comm stream in one execution."""
+    seen_send, nodes = False, []
+    for op in ops:
+        if op.kind is OpKind.SEND and op.stream is Stream.COMM:
+            seen_send = True
+        elif op.kind is OpKind.COMPUTE and seen_send:
+            nodes.append(op.node)
+    return frozenset(nodes)
 
 
 def _returns(spec: ComputeSpec, result: Any) -> tuple[Any, ...]:

@@ -31,7 +31,7 @@ from cgraph.ir import DRIVER, parse_graph
 from cgraph.runtime.communicators import GROUP_KINDS, plan_groups, setup_communicators
 from cgraph.runtime.endpoints import create_channel
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.runtime.executor import HANDLERS, run_actor_loop
+from cgraph.runtime.executor import HANDLERS, after_overlapped_sends, run_actor_loop
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
 from cgraph.scheduler import OpKind, format_schedule, plan_schedule
@@ -68,6 +68,16 @@ class W:
 
     def pos(self, x: int) -> torch.Tensor:
         return torch.full((2,), float(abs(x)))
+
+    def big(self, x: int) -> torch.Tensor:
+        return torch.full((1 << 22,), float(x))  # 16 MiB: a send long enough to be overtaken
+
+    def bump(self, t: torch.Tensor) -> int:
+        t.add_(1000.0)  # in place, on the tensor this actor is sending
+        return 0
+
+    def spread(self, t: torch.Tensor) -> list[float]:
+        return [float(t.min()), float(t.max())]
 
 
 class Harness:
@@ -276,3 +286,30 @@ def test_every_group_kind_has_a_row_and_groups_are_planned_per_transport() -> No
 
 def test_handlers_table_covers_every_op_kind() -> None:
     assert set(HANDLERS) == set(OpKind)
+
+
+SEND_THEN_BUMP = """
+actor a = W(gpus=0)
+actor b = W(gpus=0)
+n0 = input
+n1 = a.big(n0) :nccl[static_shape,direct_return]
+n2 = a.bump(n1)
+n3 = b.spread(n1)
+return [n3, n2]
+"""
+
+
+def test_overlapped_send_fences_the_next_method() -> None:
+    """The method after a SEND@comm waits for it: it updates the tensor being sent."""
+    with Harness(SEND_THEN_BUMP, overlap=True) as h:
+        assert "SEND1>b@comm" in format_schedule(h.planned.schedule)
+        assert after_overlapped_sends(h.planned.schedule["a"]) == {"n2"}
+        rows = [row for start in (0, 4, 8) for row in h.run(*range(start, start + 4))]
+    assert [row[0] for row in rows] == [[float(x), float(x)] for x in range(12)]
+
+
+def test_only_methods_after_an_overlapped_send_fence() -> None:
+    plain = plan_schedule(parse_graph(SEND_THEN_BUMP), overlap=False, default_communicator="cpu").schedule
+    assert after_overlapped_sends(plain["a"]) == set()
+    seed = plan_schedule(parse_graph(SEED), overlap=True, default_communicator="cpu").schedule
+    assert all(after_overlapped_sends(ops) == set() for ops in seed.values())  # sends last, recvs hoisted
