@@ -1,6 +1,35 @@
-"""Shared test set-up: keep torch and BLAS to one thread on these 2-core machines."""
+"""Shared test set-up: one thread for torch and BLAS on these 2-core machines, and the one
+Ray instance of a test session (``ray_session``: tests/ray and tests/gpu share it, since
+``make test`` runs both in one pytest process and Ray starts once per process)."""
 
 import os
 
+import pytest
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def ray_session():  # type: ignore[no-untyped-def]
+    """A local Ray with 4 CPUs and this machine's real GPUs (none here), up until the session ends."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    ray.init(
+        address="local",  # never a stale cluster named in /tmp/ray/ray_current_cluster
+        num_cpus=4,
+        num_gpus=_cuda_devices(),
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
+    )
+    yield ray
+    ray.shutdown()
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

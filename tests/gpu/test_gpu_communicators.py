@@ -111,21 +111,15 @@ def test_cuda_ipc_between_two_processes_on_one_gpu() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs")
-def test_nccl_between_two_gpus() -> None:
-    ray = pytest.importorskip("ray")
+def test_nccl_between_two_gpus(ray_session) -> None:  # type: ignore[no-untyped-def]
+    ray = ray_session
     from cgraph.channels.nccl_communicator import NcclRendezvous
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, num_gpus=2, include_dashboard=False)
-    elif ray.cluster_resources().get("GPU", 0) < 2:
-        pytest.skip("Ray runs here without two GPUs")
+    assert ray.cluster_resources().get("GPU", 0) >= 2, "the session's Ray should have every GPU of this machine"
+    rendezvous, store = NcclRendezvous.create(f"test/{uuid.uuid4().hex[:8]}", timeout_s=60)
     try:
-        rendezvous, store = NcclRendezvous.create(f"test/{uuid.uuid4().hex[:8]}", timeout_s=60)
         rank_task = ray.remote(num_cpus=0, num_gpus=1)(_nccl_rank)
         results = dict(ray.get([rank_task.remote(rendezvous, r) for r in (0, 1)], timeout=180))
-        ray.kill(store)
     finally:
-        if started:
-            ray.shutdown()
+        ray.kill(store)
     _check(results)

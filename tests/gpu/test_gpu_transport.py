@@ -39,10 +39,8 @@ class GpuWorker:
 
 
 @pytest.fixture(scope="module")
-def gpu_ray():
-    ray.init(num_cpus=4, num_gpus=torch.cuda.device_count(), include_dashboard=False)
-    yield
-    ray.shutdown()
+def gpu_ray(ray_session):  # the session's Ray (tests/conftest.py), which has this machine's GPUs
+    return ray_session
 
 
 def _segments() -> set[str]:

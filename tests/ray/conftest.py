@@ -1,4 +1,4 @@
-"""One local CPU Ray instance for the whole tests/ray session (ray.init is slow here)."""
+"""Leak checks for tests/ray; the one Ray instance of a test session is tests/conftest.py's ``ray_session``."""
 
 from __future__ import annotations
 
@@ -8,20 +8,6 @@ import os
 import pytest
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(
-        address="local",  # never a stale cluster named in /tmp/ray/ray_current_cluster
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=True,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
-    )
-    yield ray
-    ray.shutdown()
 
 
 def cgraph_segments() -> list[str]:
