@@ -88,6 +88,10 @@ class Endpoint:
         self._closed = self._detached = False
         self._refused: str | None = None  # why the control server turned this end away
         self._midframe = False  # a value was interrupted half-way: the stream is out of step
+        # A TLS connection is not safe for two threads at once (OpenSSL), and a reader's
+        # receiving thread reads the data socket while its user sends credits on it:
+        # every call on the data socket's TLS state holds this lock.
+        self._io = threading.Lock()
         self._buf = b""
         self._ctl = _dial(handle, handle.role)
         _LIVE.add(self)
@@ -153,8 +157,12 @@ class Endpoint:
                 raise self._closed_error()
             if sock is None and self._addr is not None:
                 return True
-            if sock is not None and (any(fd != ctl for fd, _ in ready) or pending(sock)):
+            if sock is not None and any(fd != ctl for fd, _ in ready):
                 return True
+            if sock is not None:
+                with self._io:
+                    if pending(sock):
+                        return True
             wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if wait <= 0:
                 return False

@@ -100,11 +100,19 @@ class SocketReader(Endpoint, ChannelReader):
                     raise self._timeout(timeout, why)
                 self._arrival.wait(wait)
             body = self._arrived.popleft()
+        self._credit()
+        return loads(memoryview(body), writable=True)
+
+    def _credit(self) -> None:
+        """One credit byte back to the writer (under ``_io``: the receiving thread may be
+        reading the same TLS connection)."""
+        sock = self._data
+        assert sock is not None
         try:
-            self._data.send(b"\x01", send_flags(self._data))  # type: ignore[union-attr,arg-type]
+            with self._io:
+                sock.send(b"\x01", send_flags(sock))
         except OSError:
             pass  # the writer is gone: the next read finds the end of the stream
-        return loads(memoryview(body), writable=True)
 
     def release(self) -> None:
         """Nothing to give back: the credit went back when the value was read."""
@@ -162,7 +170,8 @@ class SocketReader(Endpoint, ChannelReader):
         self._sink.reserve()
         self._held = 1
         if count >= self._handle.max_inflight:  # the first values came on its initial credits
-            self._data.send(b"\x01", send_flags(self._data))
+            with self._io:
+                self._data.send(b"\x01", send_flags(self._data))
 
     def _end_stream(self) -> None:
         """Tell the writer everything sent was taken in (it waits for that before closing),
@@ -277,7 +286,8 @@ class SocketReader(Endpoint, ChannelReader):
         assert sock is not None
         while got < view.nbytes:
             try:
-                n = sock.recv_into(view[got:])
+                with self._io:
+                    n = sock.recv_into(view[got:])
             except WOULD_BLOCK:
                 stall = None if idle_ok and got == 0 else time.monotonic() + LOST_PEER_S
                 if not self._wait(sock, select.POLLIN, stall):
