@@ -56,6 +56,7 @@ from cgraph.errors import (
     with_compat,
 )
 from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.monitor import DEATH_GRACE_S
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.refs import CompiledFuture, CompiledFutureList, CompiledRef, CompiledRefList
 
@@ -150,6 +151,7 @@ class CompiledGraph:
         self._teardown_lock = threading.Lock()
         self._torn_down = False
         self._failure: RuntimeGraphError | None = None
+        self._failed = threading.Event()  # set with _failure, by the monitor
         self._submitted = 0
         self._next_read = 0
         self._partial: dict[str, Any] = {}
@@ -315,6 +317,7 @@ class CompiledGraph:
         """Called by the monitor: remember why, and wake every waiter."""
         if self._failure is None:
             self._failure = with_compat(error)  # type: ignore[assignment]
+        self._failed.set()
         for res in self._ep.resources:
             _quietly(res.close)
 
@@ -326,7 +329,18 @@ class CompiledGraph:
                 GraphTornDownError("this compiled graph was torn down; compile the DAG again to run it")
             )
 
-    def _closed_error(self) -> RuntimeGraphError:
+    def _closed_error(self, cause: ChannelClosedError | None = None) -> RuntimeGraphError:
+        """Why a driver channel closed under a waiter: the monitor's verdict, else teardown.
+
+        A socket channel whose writer vanished (``ChannelLostError``) ends before the
+        monitor has seen why (an actor's death, or a loop that lost a channel): the
+        waiter waits for its verdict (it waits ``DEATH_GRACE_S`` for a death), and
+        reports the lost channel itself if none comes.
+        """
+        if isinstance(cause, ChannelLostError) and not self._torn_down:
+            self._failed.wait(DEATH_GRACE_S + 2.0)
+            if self._failure is None:
+                return with_compat(cause)  # type: ignore[no-any-return]
         if self._failure is not None:
             return self._failure
         return with_compat(
@@ -365,8 +379,8 @@ class CompiledGraph:
                     "the first actors are still busy with earlier executions"
                 )
             ) from None
-        except ChannelClosedError:
-            raise self._closed_error() from None
+        except ChannelClosedError as exc:
+            raise self._closed_error(exc) from None
         except RuntimeGraphError:
             raise
         except Exception as exc:  # serialization failed before anything was written
@@ -426,8 +440,8 @@ class CompiledGraph:
             value = reader.read(timeout=_remaining(deadline))
         except ChannelTimeoutError:
             raise self._timeout_error(index) from None
-        except ChannelClosedError:
-            raise self._closed_error() from None
+        except ChannelClosedError as exc:
+            raise self._closed_error(exc) from None
         except RuntimeGraphError:
             raise
         except Exception as exc:  # noqa: BLE001 - the slot is released; the execution is read
@@ -505,8 +519,8 @@ class CompiledGraph:
                     value = reader.read(timeout=wait if node == first else 0)
                 except ChannelTimeoutError:
                     continue
-                except ChannelClosedError:
-                    raise self._closed_error() from None
+                except ChannelClosedError as exc:
+                    raise self._closed_error(exc) from None
                 except RuntimeGraphError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the slot is released

@@ -79,6 +79,51 @@ def give_this_cluster_certificates() -> None:
                       CGRAPH_TLS_CA=f"{folder}/ca.pem")
 
 
+def break_data_connections(_self) -> int:
+    """In an actor: cut the data connections of its socket writers (the actor lives on)."""
+    import gc
+    import socket
+
+    from cgraph.channels.socket_channel import SocketWriter
+
+    broken = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, SocketWriter) and obj._data is not None:
+            socket.socket.shutdown(obj._data, socket.SHUT_RDWR)
+            broken += 1
+    return broken
+
+
+def check_death_at_the_output(on_two) -> None:
+    """driver -> d(node2) -> driver: d's output reaches the driver over a socket, whose
+    stream ends the moment d dies; get() must say that d died, not blame a teardown."""
+    d = on_two.remote("d")
+    with InputNode() as inp:
+        dag = d.inc.bind(inp)
+    compiled = cgraph.compile(dag)
+    compiled.execute(1).get(timeout=60)
+    ray.get(d.__ray_call__.remote(break_data_connections))  # as a middlebox's reset would
+    try:
+        compiled.execute(2).get(timeout=60)
+        lost = None
+    except Exception as exc:  # noqa: BLE001 - reported, the test says what was expected
+        lost = f"{type(exc).__name__}: {exc}"
+    report("lost_output", error=lost)
+    compiled.teardown()
+
+    compiled = cgraph.compile(dag)
+    compiled.execute(1).get(timeout=60)
+    ray.kill(d)
+    start, error = time.monotonic(), None
+    while error is None and time.monotonic() - start < 60:
+        try:
+            compiled.execute(2).get(timeout=60)
+        except Exception as exc:  # noqa: BLE001 - reported, the test says what was expected
+            error = f"{type(exc).__name__}: {exc}"
+    report("death_at_output", error=error, seconds=time.monotonic() - start)
+    compiled.teardown()
+
+
 def main() -> None:
     give_this_cluster_certificates()
     cluster = Cluster(initialize_head=True, head_node_args={
@@ -148,6 +193,8 @@ def run_checks() -> None:
         refused = str(exc)
     report("cpu_communicator_off_node", refused=refused,
            free=ray.get([b.inc.remote(1), c.inc.remote(1)], timeout=60))
+
+    check_death_at_the_output(on_two)
 
     with InputNode() as inp:
         dag = a.inc.bind(c.inc.bind(b.inc.bind(inp)))

@@ -102,6 +102,19 @@ def test_actor_death_on_the_other_node_is_reported(checks):
     assert death["seconds"] < 30
 
 
+def test_a_cross_node_output_lost_under_a_living_actor_is_a_lost_channel(checks):
+    lost = checks["lost_output"]["error"]
+    assert lost is not None and lost.startswith("ChannelLostError: "), lost
+    assert "torn down" not in lost
+
+
+def test_an_actor_dying_under_a_cross_node_output_is_reported_as_its_death(checks):
+    death = checks["death_at_output"]
+    assert death["error"] is not None and death["error"].startswith("ActorDiedError: actor "), death
+    assert "(Node) died" in death["error"], death
+    assert death["seconds"] < 30
+
+
 def test_teardown_leaves_nothing(checks):
     teardown = checks["teardown"]
     assert teardown["survivors"] == [2, 2]
