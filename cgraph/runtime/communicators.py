@@ -100,6 +100,9 @@ class CommResources:
     keep_alive: list[Any] = field(default_factory=list)  # store actors serving rendezvous
     programs: dict[str, CommProgram] = field(default_factory=dict)
     sockets: dict[str, Any] = field(default_factory=dict)  # the graph's secret, tls: for sockets
+    # how long a NCCL group's first handshake (in the first execution) waits for every rank:
+    # the graph's get_timeout, since a get gives up then anyway; None: the rendezvous default
+    rendezvous_timeout_s: float | None = None
 
     def extra(self, actor: str) -> dict[str, Any]:
         """The ``ActorProgram.extra`` entries of ``actor`` (none if it has no communicator op)."""
@@ -140,7 +143,8 @@ def _make_ipc(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list
 def _make_nccl(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
     from cgraph.channels.nccl_communicator import NcclRendezvous
 
-    rendezvous, store = NcclRendezvous.create(f"cgraph/{tag}/{name}")
+    prefix, timeout = f"cgraph/{tag}/{name}", res.rendezvous_timeout_s
+    rendezvous, store = NcclRendezvous.create(prefix) if timeout is None else NcclRendezvous.create(prefix, timeout)
     res.keep_alive.append(store)
     return [rendezvous] * n
 
@@ -320,7 +324,7 @@ def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOpti
     """
     graph: Graph = planned.graph
     groups, of_collective = plan_groups(graph, planned.plan, _default_name(front, options))
-    res = CommResources(sockets=sockets or {})
+    res = CommResources(sockets=sockets or {}, rendezvous_timeout_s=options.get_timeout)
     if not groups:
         return res
     try:

@@ -313,3 +313,21 @@ def test_only_methods_after_an_overlapped_send_fence() -> None:
     assert after_overlapped_sends(plain["a"]) == set()
     seed = plan_schedule(parse_graph(SEED), overlap=True, default_communicator="cpu").schedule
     assert all(after_overlapped_sends(ops) == set() for ops in seed.values())  # sends last, recvs hoisted
+
+
+@pytest.mark.parametrize("get_timeout", [7.5, None])
+def test_a_nccl_groups_first_handshake_waits_the_graphs_get_timeout(monkeypatch, get_timeout) -> None:
+    import cgraph.collective.ray_store as ray_store
+    from cgraph.collective.rendezvous import RENDEZVOUS_TIMEOUT_S
+
+    monkeypatch.setattr(ray_store, "start_store_actor", lambda: "store actor")
+    planned = plan_schedule(parse_graph(CHAIN), overlap=False, default_communicator="cpu")
+    res = setup_communicators(SimpleNamespace(handles={}, communicators={}), planned, "t",
+                              CompileOptions(get_timeout=get_timeout))
+    try:
+        rendezvous = GROUP_KINDS["nccl"].make(res, "t", "g", 2, None)
+    finally:
+        res.close()
+        res.keep_alive.clear()
+        res.unlink()
+    assert [r.timeout_s for r in rendezvous] == [get_timeout or RENDEZVOUS_TIMEOUT_S] * 2
