@@ -21,12 +21,24 @@ communicator, plus an acknowledgement link back::
 The sender's CPU waits for the acknowledgement, so ``send`` is a rendezvous as
 in NCCL, and the ordering is carried by CUDA events: neither side synchronises
 the device. The collectives are the star defaults of ``Communicator`` over
-these sends and receives. Needs CUDA: on a CPU machine only ``create_ipc_links``
-(the driver side) runs.
+these sends and receives.
+
+The "done" event a receiver shares must outlive the sender's use of it (CUDA
+leaves an IPC event destroyed by its exporter undefined), so each receiver keeps
+one interprocess event per peer for the communicator's life and records it again
+on every receive; a sender opens each peer's event once. Recording it again is
+safe: the next receive from that peer needs the peer's next send, which starts
+only after its stream began waiting on the previous record.
+
+Every CUDA call sits in ``CudaOps``; the protocol above it is the same with any
+object of that shape (the unit tests run it with a CPU stand-in that checks
+event lifetimes). On a CPU machine only ``create_ipc_links`` (the driver side)
+runs for real.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +63,72 @@ def create_ipc_links(tag: str, name: str, world_size: int) -> tuple[list[ShmChan
     return data_channels + ack_channels, list(zip(data, acks, strict=True))
 
 
+class CudaOps:
+    """The CUDA calls of the CUDA IPC communicator, and nothing else (torch.cuda)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("the CUDA IPC communicator needs a GPU in every member actor")
+        self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def new_stream(self) -> Any:
+        import torch
+
+        return torch.cuda.Stream(self.device)
+
+    def on(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        """Work queued in the block runs on ``stream``, on this communicator's device."""
+        import torch
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(self.device))
+        stack.enter_context(torch.cuda.stream(stream))
+        return stack
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to(self.device).contiguous()
+
+    def export(self, tensor: torch.Tensor) -> Any:
+        """What another process needs to map ``tensor`` (handle and producer event)."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        return reduce_tensor(tensor)[1]
+
+    def import_(self, args: Any) -> torch.Tensor:
+        """The sender's tensor, mapped; the current stream waits for its producer event."""
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        return rebuild_cuda_tensor(*args)  # type: ignore[no-any-return]
+
+    def new_shared_event(self) -> Any:
+        import torch
+
+        return torch.cuda.Event(interprocess=True)
+
+    def share(self, event: Any) -> bytes:
+        return event.ipc_handle()  # type: ignore[no-any-return]
+
+    def open_event(self, handle: bytes) -> Any:
+        import torch
+
+        return torch.cuda.Event.from_ipc_handle(self.device, handle)
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def keep_for(self, tensor: torch.Tensor, stream: Any) -> None:
+        """``tensor``'s memory is not reused before ``stream``'s queued work is done."""
+        tensor.record_stream(stream)
+
+    def synchronize(self, stream: Any) -> None:
+        stream.synchronize()
+
+
 class CudaIpcCommunicator(GpuCommunicator):
     """One rank of a group of actors on one GPU (see the module docstring).
 
@@ -58,15 +136,14 @@ class CudaIpcCommunicator(GpuCommunicator):
         RuntimeError: CUDA is not available in this process.
     """
 
-    def __init__(self, ends: tuple[LinkEnds, LinkEnds]) -> None:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("the CUDA IPC communicator needs a GPU in every member actor")
+    def __init__(self, ends: tuple[LinkEnds, LinkEnds], ops: Any = None) -> None:
+        self._ops = ops if ops is not None else CudaOps()
         data, acks = ends
         self._rank, self._size = data.rank, data.world_size
-        self._device = torch.device("cuda", torch.cuda.current_device())
-        self._stream = torch.cuda.Stream(self._device)
+        self._device = self._ops.device
+        self._stream = self._ops.new_stream()
+        self._done: dict[int, Any] = {}  # per sending peer: the event we record, kept for our life
+        self._opened: dict[int, tuple[bytes, Any]] = {}  # per receiving peer: its done event, opened
         self._out = _attach(data.out)
         self._inp = _attach(data.inp)
         self._ack_out = _attach(acks.out)
@@ -75,36 +152,40 @@ class CudaIpcCommunicator(GpuCommunicator):
         self._closed = False
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
-        import torch
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        with torch.cuda.device(self._device), torch.cuda.stream(self._stream):
-            t = tensor.detach().to(self._device).contiguous()
-            _, args = reduce_tensor(t)
-            self._link(self._out, dst).write(args)
+        ops = self._ops
+        with ops.on(self._stream):
+            t = ops.to_device(tensor)
+            self._link(self._out, dst).write(ops.export(t))
             handle = _take(self._link(self._ack_inp, dst))
-            self._stream.wait_event(torch.cuda.Event.from_ipc_handle(self._device, handle))
-            t.record_stream(self._stream)
+            ops.wait(self._stream, self._peer_event(dst, handle))
+            ops.keep_for(t, self._stream)
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
-        import torch
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-        with torch.cuda.device(self._device), torch.cuda.stream(self._stream):
+        ops = self._ops
+        with ops.on(self._stream):
             args = _take(self._link(self._inp, src))
-            remote = rebuild_cuda_tensor(*args)  # self._stream waits for the sender's event
+            remote = ops.import_(args)  # self._stream waits for the sender's event
             if remote.numel() != tensor.numel() or remote.dtype != tensor.dtype:
                 raise ValueError(
                     f"rank {self._rank} recv from rank {src}: got {tuple(remote.shape)} {remote.dtype}, "
                     f"the buffer is {tuple(tensor.shape)} {tensor.dtype}"
                 )
             tensor.copy_(remote.reshape(tensor.shape))
-            done = torch.cuda.Event(interprocess=True)
-            done.record(self._stream)
-            self._link(self._ack_out, src).write(done.ipc_handle())
+            done = self._done.get(src)
+            if done is None:
+                done = self._done[src] = ops.new_shared_event()
+            ops.record(done, self._stream)
+            self._link(self._ack_out, src).write(ops.share(done))
+
+    def _peer_event(self, peer: int, handle: bytes) -> Any:
+        """``peer``'s done event for us, opened once (it keeps one per sender)."""
+        opened = self._opened.get(peer)
+        if opened is None or opened[0] != handle:
+            opened = self._opened[peer] = (handle, self._ops.open_event(handle))
+        return opened[1]
 
     def synchronize(self) -> None:
-        self._stream.synchronize()
+        self._ops.synchronize(self._stream)
 
     def abort(self) -> None:
         for end in (*self._out, *self._inp, *self._ack_out, *self._ack_inp):
