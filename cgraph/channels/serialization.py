@@ -33,6 +33,13 @@ cloudpickle once Ray is loaded (``pickler_base``): classes and functions of a
 driver script's ``__main__`` travel by value, as through Ray. Small plain
 values (int, str, ...) take a fast path: one ``pickle.dumps``, no buffers.
 
+CUDA tensors on a shared-memory or socket edge (or in a driver output) travel
+through host memory, as in Ray Compiled Graphs: the writer copies each to the
+host (``Tensor.cpu``, the one CUDA call here), and the reader rebuilds it on its
+current CUDA device where CUDA is available, else on the CPU: a driver without
+a GPU gets CPU tensors and never starts CUDA. Use a communicator edge
+(``with_tensor_transport("nccl")``) to keep them on the device.
+
 Exceptions round-trip through pickle. One that cannot be pickled (a lock in an
 attribute, a local class) is replaced by a ``RuntimeGraphError`` (or a
 ``TaskError`` without its cause) carrying its type, message and traceback
@@ -270,12 +277,17 @@ class _OutOfBandPickler:
                 obj = obj.copy()  # strided: one copy here beats pickling it in band
             buf = pickle.PickleBuffer(obj)
             return _rebuild_array, (buf, obj.dtype.str, obj.shape, order)
-        if kind is self._tensor and obj.device.type == "cpu" and obj.layout is _strided():
-            if obj.is_quantized:
+        if kind is self._tensor and obj.layout is _strided():
+            device = obj.device.type
+            if obj.is_quantized or device not in ("cpu", "cuda"):
                 return NotImplemented
+            if device == "cuda":
+                obj = obj.detach().cpu()  # CUDA: device to host, see the module docstring
             flat = obj.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
             buf = pickle.PickleBuffer(flat.view(sys.modules["torch"].uint8).numpy())
             self._writable[id(buf)] = buf
+            if device == "cuda":
+                return _rebuild_cuda_tensor, (buf, obj.dtype, tuple(obj.shape), obj.requires_grad)
             return _rebuild_tensor, (buf, obj.dtype, tuple(obj.shape), obj.requires_grad)
         base = self._base_override
         return NotImplemented if base is None else base(self, obj)
@@ -307,6 +319,21 @@ def _rebuild_tensor(buf: Any, dtype: Any, shape: tuple[int, ...], requires_grad:
     else:
         tensor = torch.frombuffer(buf, dtype=dtype).reshape(shape)
     return tensor.requires_grad_() if requires_grad else tensor
+
+
+def _rebuild_cuda_tensor(buf: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
+    """A tensor written from a GPU: on this process's current CUDA device if it has
+    CUDA, else on the CPU (then a view of the slot, as any CPU tensor)."""
+    host = _rebuild_tensor(buf, dtype, shape, False)
+    tensor = host.cuda() if _has_cuda() else host  # CUDA: host to device
+    return tensor.requires_grad_() if requires_grad else tensor
+
+
+@functools.lru_cache(maxsize=1)
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _stand_in(exc: BaseException, why: Exception) -> BaseException:

@@ -98,3 +98,31 @@ def test_nccl_between_two_gpus(gpu_ray) -> None:
     finally:
         ray.kill(a)
         ray.kill(b)
+
+
+class CpuWorker:
+    def describe(self, t: torch.Tensor) -> tuple[list[float], str]:
+        return t.flatten().tolist(), t.device.type
+
+
+def test_cuda_tensors_on_shared_memory_edges_travel_through_the_host(gpu_ray) -> None:
+    """No communicator edge: a GPU actor's tensor reaches a CPU actor on the CPU, and the
+    driver (it has CUDA here) on its GPU, as Ray Compiled Graphs does."""
+    from cgraph import InputNode, MultiOutputNode
+
+    gpu = ray.remote(num_cpus=0, num_gpus=0.25)(GpuWorker).remote()
+    cpu = ray.remote(num_cpus=0)(CpuWorker).remote()
+    try:
+        with InputNode() as inp:
+            t = gpu.send.bind((2, 2), inp)
+            dag = MultiOutputNode([t, cpu.describe.bind(t)])
+        compiled = dag.experimental_compile()
+        try:
+            on_driver, (values, device) = compiled.execute(3).get(timeout=120)
+        finally:
+            compiled.teardown()
+        assert on_driver.device.type == "cuda" and on_driver.tolist() == [[3.0, 3.0], [3.0, 3.0]]
+        assert (values, device) == ([3.0] * 4, "cpu")
+    finally:
+        ray.kill(gpu)
+        ray.kill(cpu)

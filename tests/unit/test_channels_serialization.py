@@ -199,3 +199,27 @@ def test_serializer_keeps_no_reference_to_the_last_value():
     del payload, a, t
     gc.collect()
     assert [r() for r in refs] == [None, None]
+
+
+class WrittenFromGpu:
+    """What the writer's pickler emits for a CUDA tensor (its host copy, tagged), made
+    here without a GPU: the reader's side of the policy runs for real."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def __reduce__(self):
+        from cgraph.channels import serialization
+
+        flat = bytearray(self.host.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        args = (pickle.PickleBuffer(flat), self.host.dtype, tuple(self.host.shape), self.host.requires_grad)
+        return serialization._rebuild_cuda_tensor, args
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the reader without CUDA")
+def test_a_tensor_written_from_a_gpu_reaches_a_reader_without_cuda_on_the_cpu():
+    host = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).requires_grad_()
+    got, _mm, _payload = roundtrip({"t": WrittenFromGpu(host), "k": 1})
+    assert got["k"] == 1 and got["t"].device.type == "cpu"
+    assert_same(got["t"], host)
+    assert not torch.cuda.is_initialized()
