@@ -10,15 +10,20 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
+LOGICAL_GPUS = 4
+
+
 @pytest.fixture(scope="session")
 def ray_session():  # type: ignore[no-untyped-def]
-    """A local Ray with 4 CPUs and this machine's real GPUs (none here), up until the session ends."""
+    """A local Ray with 4 CPUs and this machine's GPUs, up until the session ends. Without
+    CUDA, Ray gets LOGICAL_GPUS logical ones: placement and transport planning run as on GPUs
+    (``ray.get_gpu_ids()``, ``CUDA_VISIBLE_DEVICES``), and nothing touches CUDA."""
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     ray.init(
         address="local",  # never a stale cluster named in /tmp/ray/ray_current_cluster
         num_cpus=4,
-        num_gpus=_cuda_devices(),
+        num_gpus=_cuda_devices() or LOGICAL_GPUS,
         include_dashboard=False,
         log_to_driver=True,
         runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},

@@ -40,6 +40,7 @@ from cgraph.channels.shm_channel import ShmChannel
 from cgraph.errors import CompileError, TransportError
 from cgraph.ir import Graph, NodeKind, Ref, TensorHint
 from cgraph.runtime.endpoints import node_channel
+from cgraph.runtime.gpu_placement import bind_assigned_gpu, plan_gpu_kind
 from cgraph.runtime.options import CompileOptions
 
 SIDE_BUFFER = 4096
@@ -162,12 +163,14 @@ def _open_cpu(g: GroupEndpoint) -> Communicator:
 def _open_ipc(g: GroupEndpoint) -> Communicator:
     from cgraph.channels.cuda_ipc import CudaIpcCommunicator
 
+    bind_assigned_gpu()
     return CudaIpcCommunicator(g.payload)
 
 
 def _open_nccl(g: GroupEndpoint) -> Communicator:
     from cgraph.channels.nccl_communicator import NcclCommunicator
 
+    bind_assigned_gpu()
     return NcclCommunicator(g.payload, g.rank, g.world_size)
 
 
@@ -250,7 +253,7 @@ def _resolve_kind(group: _Group, communicators: Mapping[str, Any], handles: Mapp
     if t == "cpu":
         group.kind = "cpu"
     elif t == "nccl":
-        group.kind = _gpu_kind(group, handles)
+        group.kind = plan_gpu_kind(group.members, handles)
     elif t.startswith("custom:") and t in communicators:
         group.kind, group.obj = "custom", communicators[t]
         _check_custom(t, group.obj)
@@ -259,29 +262,6 @@ def _resolve_kind(group: _Group, communicators: Mapping[str, Any], handles: Mapp
             f"unknown communicator {t!r} for actors {', '.join(group.members)}; use "
             "'nccl', 'cpu' (default_communicator=\"cpu\") or a communicator object"
         )
-
-
-def _gpu_kind(group: _Group, handles: Mapping[str, Any]) -> str:
-    import ray
-
-    refs = [handles[m].__ray_call__.remote(_gpu_placement) for m in group.members]
-    places = ray.get(refs)
-    shared = {p for p in places}
-    if len(shared) == 1 and len(places) > 1:
-        return "cuda_ipc"  # all on one GPU: NCCL refuses duplicate devices
-    if len(shared) != len(places):
-        raise CompileError(
-            f"actors {', '.join(group.members)} exchange tensors over NCCL, but some of them share "
-            "a GPU and others do not; NCCL needs one GPU per actor and CUDA IPC one GPU for all. "
-            "Place them on distinct GPUs (num_gpus=1), or all on one GPU (fractional num_gpus)"
-        )
-    return "nccl"
-
-
-def _gpu_placement(_self: Any) -> tuple[str, tuple[str, ...]]:
-    import ray
-
-    return ray.get_runtime_context().get_node_id(), tuple(str(g) for g in ray.get_gpu_ids())
 
 
 def _check_custom(name: str, obj: Any) -> None:

@@ -23,6 +23,6 @@ def test_only_the_session_fixture_starts_ray_in_the_pytest_process() -> None:
     assert callers == ["conftest.py"], f"start Ray through the ray_session fixture instead: {callers}"
 
 
-def test_the_session_fixture_gives_ray_the_machines_gpus() -> None:
+def test_the_session_fixture_gives_ray_the_machines_gpus_or_logical_ones() -> None:
     text = (TESTS / "conftest.py").read_text()
-    assert "num_gpus=_cuda_devices()" in text  # tests/gpu places actors on real GPUs
+    assert "num_gpus=_cuda_devices() or LOGICAL_GPUS" in text  # tests/gpu places actors on real GPUs
