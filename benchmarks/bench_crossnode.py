@@ -15,6 +15,12 @@ system):
                 systems): A head -> B node2 (across nodes), A and B on node2 (within
                 a worker node) and A and B on head (within the driver's node);
                 median execution time, and throughput = array bytes / median
+    tls         cgraph only, compile(tls=False) next to compile(tls=True) on the same
+                placements: the echo across nodes (median / p99) and the hop across
+                nodes at 16 / 64 MiB (median, GB/s); warm compile and first execute,
+                which hold the TLS handshakes of the graph's connections; certificates
+                of a throwaway test CA (``trustme``) reach the driver and only the TLS
+                rows' actors
 
 Every layout is compiled several times (compile, first execute, teardown: the
 compile table), the last compile is the one measured. A system that fails or is
@@ -36,6 +42,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -73,6 +80,7 @@ MiB = 1 << 20
 # (smaller with --quick) are settled from the command line before parse_args runs.
 QUICK_FLAG = "--quick" in sys.argv[1:]
 SIZES = (1 * MiB, 16 * MiB) if QUICK_FLAG else (1 * MiB, 16 * MiB, 64 * MiB)
+TLS_SIZES = tuple(size for size in SIZES if size >= 16 * MiB)  # the tls section's hop arrays
 TINY = 8  # bytes: the array of the compile cycles' first execute and of the baseline row
 # Every channel of the hop graphs gets one buffer above the largest array (pickle
 # adds a few hundred bytes), for both systems: no resize during a measurement.
@@ -98,9 +106,15 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.dag import InputNode  # noqa: E402
 
-SECTIONS = ("handshake", "echo", "hops")
+SECTIONS = ("handshake", "echo", "hops", "tls")
 SYSTEMS = ("cgraph", "ray_cgraph")
-LABELS = {"cgraph": "cgraph", "ray_cgraph": "Ray Compiled Graphs"}
+TLS_SYSTEMS = ("cgraph", "cgraph+tls")
+LABELS = {"cgraph": "cgraph", "ray_cgraph": "Ray Compiled Graphs", "cgraph+tls": "cgraph + TLS"}
+# compile(tls=...) per cgraph system: explicit, so CGRAPH_TLS / RAY_USE_TLS in the
+# environment cannot turn TLS on for the plain rows
+CGRAPH_TLS = {"cgraph": False, "cgraph+tls": True}
+TLS_LAYOUTS = ("echo_cross", "hop_cross")
+TLS_ENV_NAMES = ("CGRAPH_TLS_CERT", "CGRAPH_TLS_KEY", "CGRAPH_TLS_CA")
 NODE_CPUS = 2
 OBJECT_STORE_BYTES = 3 << 30  # per node; Ray CG's hop graphs take ~0.5 GiB each
 STEP_TIMEOUT_S = 180.0  # actor start or a compile that takes longer fails
@@ -127,9 +141,10 @@ NOTES = [
     "node are `BufferedSharedMemoryChannel`s (`max_inflight_executions` buffers) in "
     "that node's object store.",
     "**cgraph's transports**: an edge between actors on different nodes is an `xnode` "
-    "channel (TCP, loopback here); an edge within one node is an `shm` channel. Between two "
-    "actors of one worker node cgraph used TCP loopback until a change (under way while this "
-    "benchmark was written) that makes it shared memory on that node. The `cgraph channels` "
+    "channel (TCP, loopback here); an edge within one node, the driver's or a worker node, is "
+    "an `shm` channel in that node's shared memory (on a worker node made there by one of its "
+    "actors). A value read on another node crosses once, into a relay that lands it in that "
+    "node's shared memory for every reader there. The `cgraph channels` "
     "column gives the channel kinds of each compiled cgraph graph (from its plan), so the "
     "results say which transport was measured; `cgraph_source` in the JSON names the commit "
     "and any uncommitted changes to cgraph/ the run used.",
@@ -240,6 +255,10 @@ LAYOUTS = (
 )
 
 
+def layouts_of(kind: str) -> list[Layout]:
+    return [lay for lay in LAYOUTS if lay.kind == kind]
+
+
 def expected(layout: Layout, x: int) -> Any:
     return x if layout.kind == "echo" else (x, x % 251)
 
@@ -251,9 +270,12 @@ def bind(layout: Layout, actors: list[Any], inp: Any) -> Any:
 
 
 @contextmanager
-def actor_group(layout: Layout, node_ids: dict[str, str], sizes: list[int]) -> Iterator[tuple[list[Any], dict]]:
-    """Fresh actors placed as ``layout`` says, torch imported, arrays prepared; killed on exit."""
-    actors = [Node.options(resources={node: 1}).remote() for node in layout.nodes]
+def actor_group(layout: Layout, node_ids: dict[str, str], sizes: list[int],
+                env: dict[str, str] | None = None) -> Iterator[tuple[list[Any], dict]]:
+    """Fresh actors placed as ``layout`` says, torch imported, arrays prepared; killed on exit.
+    ``env``: environment variables of these actors only (their runtime_env)."""
+    extra = {"runtime_env": {"env_vars": env}} if env else {}
+    actors = [Node.options(resources={node: 1}, **extra).remote() for node in layout.nodes]
     pids: list[int] = []
     try:
         where = ray.get([a.where.remote() for a in actors], timeout=STEP_TIMEOUT_S)
@@ -338,9 +360,9 @@ def open_runner(system: str, layout: Layout, actors: list[Any]) -> Runner:
     import cgraph
 
     compiled = cgraph.compile(dag, max_inflight_executions=inflight, buffer_size_bytes=buffer,
-                              submit_timeout=300, get_timeout=300)
+                              submit_timeout=300, get_timeout=300, tls=CGRAPH_TLS[system])
     return Runner(lambda x: compiled.execute(x).get(), lambda kill: compiled.teardown(kill_actors=kill),
-                  {"channel_kinds": channel_kinds(compiled)})
+                  {"channel_kinds": channel_kinds(compiled), "tls_channels": tls_channels(compiled)})
 
 
 def channel_kinds(compiled: Any) -> dict[str, int] | str:
@@ -349,6 +371,16 @@ def channel_kinds(compiled: Any) -> dict[str, int] | str:
         return dict(Counter(spec.kind.value for spec in compiled.planned.plan.channels))
     except Exception as exc:  # noqa: BLE001 - cgraph's internals may move
         return f"unknown ({describe_error(exc)})"
+
+
+def tls_channels(compiled: Any) -> str:
+    """How many of the graph's socket channels run TLS, as the driver set them up."""
+    try:
+        handles = [res.channel.handle for res in compiled._ep.resources
+                   if type(getattr(res, "channel", None)).__name__ == "SocketChannel"]
+    except Exception as exc:  # noqa: BLE001 - cgraph's internals may move
+        return f"unknown ({describe_error(exc)})"
+    return f"{sum(bool(h.tls) for h in handles)} of {len(handles)}"
 
 
 def checked_run(runner: Runner, x: int, want: Any, what: str) -> None:
@@ -363,9 +395,10 @@ def close(runner: Runner, kill: bool) -> float:
     return time.perf_counter() - start
 
 
-def measure_layout(system: str, layout: Layout, s: Settings, node_ids: dict[str, str]) -> dict[str, Any]:
-    """One round: ``compile_cycles`` compiles on fresh actors (compile, first execute,
-    teardown; the last one stays up), then the timing of that last graph. Raw samples
+def measure_layout(system: str, layout: Layout, s: Settings, node_ids: dict[str, str],
+                   sizes: tuple[int, ...], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One round: ``compile_cycles`` compiles on fresh actors (``env``: theirs only), the
+    last one stays up and is timed (a hop graph with 8 B and each of ``sizes``). Raw samples
     (ns); any failure is the round's status, with whatever was measured before it."""
     out: dict[str, Any] = {"status": "ok"}
     compiles: dict[str, list[float]] = {"compile_s": [], "first_execute_s": [], "teardown_s": []}
@@ -373,7 +406,7 @@ def measure_layout(system: str, layout: Layout, s: Settings, node_ids: dict[str,
     probe = 1 if layout.kind == "echo" else TINY
     step = "starting actors"
     try:
-        with actor_group(layout, node_ids, [TINY, *s.sizes]) as (actors, where):
+        with actor_group(layout, node_ids, [TINY, *sizes], env) as (actors, where):
             out.update(where)
             if system == "ray_cgraph":  # see ray_driver_buffer
                 step = "setting Ray's buffer size in the actors"
@@ -404,7 +437,7 @@ def measure_layout(system: str, layout: Layout, s: Settings, node_ids: dict[str,
                     out["samples"] = time_calls(lambda: runner.run(1), s.echo_iters, s.echo_warmup)
                 else:
                     out["sizes"] = {}
-                    for size in (TINY, *s.sizes):
+                    for size in (TINY, *sizes):
                         step = f"timing {size} B"
                         checked_run(runner, size, (size, size % 251), f"execute with {size} B")
                         iters = s.tiny_iters if size == TINY else s.hop_iters(size)
@@ -442,7 +475,7 @@ def pooled(layout: Layout, runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"status": failed[0]["status"] if failed else "ok", "rounds": len(runs)}
     if failed:
         out["error_text"] = failed[0].get("error_text")
-    for key in ("actor_nodes", "channel_kinds"):
+    for key in ("actor_nodes", "channel_kinds", "tls_channels"):
         source = next((run for run in reversed(runs) if key in run), None)
         if source is not None:
             out[key] = source[key]
@@ -553,31 +586,121 @@ def measure_handshake(s: Settings) -> dict[str, Any]:
     return out
 
 
-def measure_layouts(kind: str, s: Settings, node_ids: dict[str, str], gate: str | None) -> dict[str, Any]:
-    """Every layout of ``kind`` for both systems, ``rounds`` times, fresh actors each
-    time; who goes first alternates by layout and round, so a change in the shared
-    machine's load falls on both systems alike. A (layout, system) that fails is not
-    run again in later rounds."""
-    layouts = [lay for lay in LAYOUTS if lay.kind == kind]
+def measure_layouts(layouts: list[Layout], systems: tuple[str, ...], s: Settings, node_ids: dict[str, str],
+                    gate: str | None, sizes: tuple[int, ...] | None = None,
+                    tls_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every layout for every system, ``rounds`` times, fresh actors each time; who goes
+    first alternates by layout and round, so a change in the shared machine's load falls
+    on every system alike. A (layout, system) that fails is not run again in later
+    rounds. Hop layouts time ``sizes`` (default: the settings'); ``tls_env`` goes to
+    the actors of the systems that compile with TLS only."""
+    sizes = s.sizes if sizes is None else sizes
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(s.rounds):
         for i, layout in enumerate(layouts):
-            order = SYSTEMS if (i + r) % 2 == 0 else SYSTEMS[::-1]
+            order = systems if (i + r) % 2 == 0 else systems[::-1]
             for system in order:
                 done = runs.setdefault((layout.name, system), [])
-                if system == "cgraph" and gate or (done and done[-1]["status"] != "ok"):
+                if system in CGRAPH_TLS and gate or (done and done[-1]["status"] != "ok"):
                     continue
-                run = measure_layout(system, layout, s, node_ids)
+                env = tls_env if CGRAPH_TLS.get(system) else None
+                run = measure_layout(system, layout, s, node_ids, sizes, env)
                 done.append(run)
                 log_entry(layout, system, r, run)
     out: dict[str, Any] = {}
     for layout in layouts:
-        systems = {}
-        for system in SYSTEMS:
+        entries = {}
+        for system in systems:
             done = runs.get((layout.name, system), [])
-            systems[system] = pooled(layout, done) if done else {"status": f"skipped: {gate}"}
-        out[layout.name] = {**asdict(layout), "systems": systems}
+            entries[system] = pooled(layout, done) if done else {"status": f"skipped: {gate}"}
+        out[layout.name] = {**asdict(layout), "systems": entries}
     return {"rounds": s.rounds, "layouts": out}
+
+
+def measure_tls(s: Settings, node_ids: dict[str, str], gate: str | None) -> dict[str, Any]:
+    """cgraph with compile(tls=False) and compile(tls=True) on the same placements
+    (TLS_LAYOUTS), fresh actors per round. The certificates are made for this run in a
+    temporary folder, put in this process's environment (the driver) while the section
+    runs and in the TLS rows' actors' (their runtime_env); the plain rows' actors never
+    see them."""
+    layouts = [lay for lay in LAYOUTS if lay.name in TLS_LAYOUTS]
+    with tempfile.TemporaryDirectory(prefix="cgraph-bench-tls-") as folder:
+        env = make_certificates(Path(folder))
+        with driver_environment(env):
+            out = measure_layouts(layouts, TLS_SYSTEMS, s, node_ids, gate, TLS_SIZES, env)
+    out["sizes"] = list(TLS_SIZES)
+    out["summary"] = tls_summary(out["layouts"])
+    for row in out["summary"]:
+        if row["ratio"] is not None:
+            log(f"  tls: {row['measure']}: {row['plain']:.2f} -> {row['tls']:.2f} {row['unit']} "
+                f"(x{row['ratio']:.2f})")
+    return out
+
+
+def make_certificates(folder: Path) -> dict[str, str]:
+    """A throwaway test CA (``trustme``) and one certificate it signed for 127.0.0.1, as PEM
+    files in ``folder``; returns cgraph's TLS environment variables naming them. Every
+    process presents the same certificate, which mutual TLS checks against the CA."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    paths = [folder / name for name in ("cert.pem", "key.pem", "ca.pem")]
+    for blob, path in zip((cert.cert_chain_pems[0], cert.private_key_pem, ca.cert_pem), paths, strict=True):
+        blob.write_to_path(str(path))
+    return dict(zip(TLS_ENV_NAMES, map(str, paths), strict=True))
+
+
+@contextmanager
+def driver_environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment while the block runs; restored after. cgraph
+    caches a process's TLS context from its environment, so the cache is cleared on both
+    sides: the block's graphs read ``env``, no later one keeps its (deleted) files."""
+    from cgraph.channels import tls
+
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    tls.context.cache_clear()
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        tls.context.cache_clear()
+
+
+def tls_summary(layouts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per measure: plain and TLS values, TLS / plain and TLS - plain."""
+    def entry(layout: str, system: str) -> dict[str, Any]:
+        return layouts.get(layout, {}).get("systems", {}).get(system, {})
+
+    rows: list[dict[str, Any]] = []
+
+    def row(measure: str, unit: str, values: list[float | None]) -> None:
+        plain, tls = values
+        rows.append({"measure": measure, "unit": unit, "plain": plain, "tls": tls,
+                     "ratio": _ratio(tls, plain),
+                     "difference": tls - plain if tls is not None and plain is not None else None})
+
+    echo = [entry("echo_cross", system) for system in TLS_SYSTEMS]
+    for key, what in (("median_us", "median"), ("p99_us", "p99")):
+        row(f"echo across nodes, {what}", "us", [e.get(key) for e in echo])
+    hops = [entry("hop_cross", system).get("sizes", {}) for system in TLS_SYSTEMS]
+    for size in (TINY, *TLS_SIZES):
+        stats = [h.get(str(size), {}) for h in hops]
+        label = f"{size // MiB} MiB" if size >= MiB else f"{size} B"
+        row(f"{label} hop across nodes, median", "ms",
+            [v["median_us"] / 1e3 if "median_us" in v else None for v in stats])
+        if size >= MiB:
+            row(f"{label} hop across nodes, throughput", "GB/s", [v.get("gbps") for v in stats])
+    for layout, what in (("echo_cross", "echo"), ("hop_cross", "hop")):
+        for key, when in (("median_warm_compile_s", "warm compile"), ("median_first_execute_s", "first execute")):
+            seconds = [(entry(layout, system).get("compile") or {}).get(key) for system in TLS_SYSTEMS]
+            row(f"{when}, {what} across nodes", "ms", [None if x is None else x * 1e3 for x in seconds])
+    return rows
 
 
 def log_entry(layout: Layout, system: str, r: int, run: dict[str, Any]) -> None:
@@ -879,6 +1002,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                   f"~{int(5000 / per) if per > 0 else '-'} such handshakes, done one after another; on real "
                   "nodes each also waits ~1.5 network round trips.", ""]
 
+    lines += render_tls(sec.get("tls", {}), st)
     lines += ["## Notes", ""]
     lines += [f"- {note}" for note in NOTES]
     fallbacks = cl.get("object_store_fallback_allocations")
@@ -896,7 +1020,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                  "created by this run's processes" + (f": {', '.join(left[:10])}" if left else "")
                  + (f" ({len(others)} more from other processes, e.g. tests running at the same time)"
                     if others else "") + "; Ray CG's `sem.*` files are expected.")
-    for sname in ("echo", "hops"):
+    for sname in ("echo", "hops", "tls"):
         for n, lay in sec.get(sname, {}).get("layouts", {}).items():
             for sy, e in lay["systems"].items():
                 if e.get("status") != "ok":
@@ -909,6 +1033,41 @@ def render_markdown(results: dict[str, Any]) -> str:
     if results.get("cluster_error"):
         lines.append(f"- cluster: {results['cluster_error']}")
     return "\n".join(lines) + "\n"
+
+
+def render_tls(tls: dict[str, Any], st: dict[str, Any]) -> list[str]:
+    lines = ["## TLS across nodes", ""]
+    if tls.get("status") != "ok":
+        return [*lines, f"_{tls.get('status', 'not run')}_", ""]
+    layouts = tls["layouts"]
+    lines += [
+        "What cgraph's optional TLS costs across nodes: the same graphs compiled with `tls=False` and "
+        "`tls=True` (cgraph only), same placements, fresh actors per round, "
+        f"{st['rounds']} round(s), who goes first alternating. With TLS every socket of the graph, control "
+        "and data, runs mutual TLS 1.2+ (Python's standard `ssl` module; both ends present a certificate "
+        "the CA signed) and then cgraph's HMAC handshake inside it; every frame is encrypted and "
+        "integrity-checked. Shared-memory edges within a node are unchanged. Certificates: a throwaway "
+        "test CA made for this run (`trustme`), in the environment of the driver and of the TLS rows' "
+        "actors only (`runtime_env` env_vars); the plain rows compile with `tls=False` explicitly. "
+        "Measured: the echo across nodes (same executions as the echo section), the hop across nodes "
+        "(A on head, B on node2: the array crosses one TLS connection), the warm compile and the first "
+        "execute after each compile (the compile table's columns). Between them they hold the TLS "
+        "handshakes: each socket endpoint's control connection to the driver is made at compile, and a "
+        "data connection by its writer's first write (the first execute). Here encryption and "
+        "decryption are CPU work on the same 2 cores as every other process and the \"wire\" is "
+        "loopback, so the ratios are the cipher's CPU cost against memory copies; on real nodes the same "
+        "CPU work also competes with the NIC's transfer (hidden behind a slow link, the limit on a fast "
+        "one).", ""]
+    rows = [[r["measure"], fmt(r["plain"], 2), fmt(r["tls"], 2), r["unit"], fmt_ratio(r["ratio"]),
+             fmt(r["difference"], 2)] for r in tls["summary"]]
+    lines += [markdown_table(["measure", "plain", "TLS", "unit", "TLS / plain", "TLS - plain"], rows), ""]
+    rows = []
+    for lay in layouts.values():
+        for system, e in lay["systems"].items():
+            rows.append([lay["picture"], LABELS[system] + _partial(e), _status_row(e), _kinds(e),
+                         e.get("tls_channels", "-")])
+    lines += [markdown_table(["layout", "system", "status", "cgraph channels", "TLS socket channels"], rows), ""]
+    return lines
 
 
 def _ms(seconds: float | None) -> str:
@@ -931,7 +1090,8 @@ def main(argv: list[str] | None = None) -> int:
     results = new_results("crossnode", args, **asdict(s), environment=ENV, sections_run=args.sections,
                           hop_buffer_size_bytes=HOP_BUFFER, echo_buffer_size_bytes=ECHO_BUFFER,
                           hop_max_inflight_executions=HOP_INFLIGHT, echo_max_inflight_executions=ECHO_INFLIGHT,
-                          hop_iterations={str(size): s.hop_iters(size) for size in s.sizes})
+                          hop_iterations={str(size): s.hop_iters(size) for size in s.sizes},
+                          tls_sizes=TLS_SIZES)
     results["notes"] = NOTES
     results["cgraph_source"] = cgraph_source()
     results["host"]["background_busy_percent"] = system_busy_percent(1.0)
@@ -943,15 +1103,20 @@ def main(argv: list[str] | None = None) -> int:
         log(gate)
     if "handshake" in args.sections:
         run_section(results, "handshake", lambda: measure_handshake(s))
-    cluster_sections = [n for n in args.sections if n in ("echo", "hops")]
+    cluster_sections = [n for n in args.sections if n in ("echo", "hops", "tls")]
     if cluster_sections:
         try:
             with cluster_session() as info:
                 results["cluster"] = info
                 results["host"]["ray"] = ray.__version__
+                node_ids = info["node_ids"]
+                sections = {
+                    "echo": lambda: measure_layouts(layouts_of("echo"), SYSTEMS, s, node_ids, gate),
+                    "hops": lambda: measure_layouts(layouts_of("hop"), SYSTEMS, s, node_ids, gate),
+                    "tls": lambda: measure_tls(s, node_ids, gate),
+                }
                 for name in cluster_sections:
-                    kind = "echo" if name == "echo" else "hop"
-                    run_section(results, name, lambda k=kind: measure_layouts(k, s, info["node_ids"], gate))
+                    run_section(results, name, sections[name])
         except Exception as exc:  # noqa: BLE001 - the results say so
             results["cluster_error"] = describe_error(exc)
             log(f"cluster failed: {describe_error(exc)}")
