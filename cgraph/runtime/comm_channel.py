@@ -61,6 +61,7 @@ from cgraph.channels.communicator import view_receiver
 from cgraph.channels.serialization import on_base, pickler_base
 from cgraph.errors import RuntimeGraphError
 from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.streams import streams_of
 
 Spec = tuple[tuple[int, ...], Any]  # (shape, torch dtype) of one tensor
 Origin = Callable[[Exception], ErrorValue]  # wraps a protocol error as the producer's error
@@ -185,6 +186,7 @@ def format_specs(specs: tuple[Spec, ...] | None) -> str:
 class _End:
     def __init__(self, comm: Any, peer: int, side: Any, hint: Any, node: str) -> None:
         self.comm, self.peer, self.side, self.node = comm, peer, side, node
+        self.streams = streams_of(comm)
         self.static = bool(hint is not None and hint.static_shape)
         self.direct = bool(hint is not None and hint.direct_return)
         self.device = hint.device if hint is not None else "default"
@@ -233,8 +235,7 @@ class EdgeWriter(_End):
         device = self.comm.device
         t = tensor if tensor.device == device else tensor.to(device)
         self.comm.send(t.contiguous(), self.peer)
-        if self.comm.stream is not None:  # the caching allocator must not reuse it too early
-            t.record_stream(self.comm.stream)
+        self.streams.keep(t)  # the caching allocator must not reuse it too early
 
 
 class EdgeReader(_End):

@@ -52,6 +52,7 @@ from cgraph.errors import ChannelClosedError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, encode
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, GroupEndpoint, open_group
 from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.streams import InlineStreams, streams_of
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 Body = Callable[[], tuple[Any, list[Any]]]  # returns (value, tensors received or made)
@@ -71,11 +72,13 @@ class CommState:
         self.writers: dict[tuple[str, str], EdgeWriter] = {}
         self.readers: dict[tuple[str, str], EdgeReader] = {}
         self.thread: ThreadPoolExecutor | None = None
+        self.engines: dict[int, Any] = {}  # id(comm) -> its streams engine (``streams``)
         ctx.close_hooks.append(self.close)  # first: whatever opens below gets closed
         for name, group in program.groups.items():
-            self.comms[name] = open_group(group)
+            comm = self.comms[name] = open_group(group)
+            self.engines[id(comm)] = streams_of(comm)
             if group.control is not None:
-                _watch(group, self.comms[name])
+                _watch(group, comm)
         self.writers = {k: EdgeWriter(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node)
                         for k, e in program.sends.items()}
         viewable = last_link_reads(ctx.program.ops, program)
@@ -84,7 +87,8 @@ class CommState:
                         for k, e in program.recvs.items()}
         self.viewing = [r for r in self.readers.values() if r.viewer is not None]
         if any(op.stream is Stream.COMM for op in ctx.program.ops):
-            self.thread = ThreadPoolExecutor(1, "cgraph-comm", initializer=_bind_device, initargs=(self.comms,))
+            binders = [e.bind_thread for e in self.engines.values() if not isinstance(e, InlineStreams)]
+            self.thread = ThreadPoolExecutor(1, "cgraph-comm", initializer=binders[0] if binders else None)
         ctx.end_hooks.append(self.end_execution)
 
     def run(self, op: Op, comm: Any, body: Body) -> Any:
@@ -92,13 +96,14 @@ class CommState:
         ``Pending`` for an op of the comm stream, else its value, waited for)."""
         from cgraph.runtime.executor import Pending
 
-        token = _mark(comm)
+        engine = self.engines[id(comm)]
+        token = engine.mark()
         if self.thread is None:
-            return _join(*_on_stream(comm, token, body))
+            return engine.join(*engine.run(token, body))
         # With a comm thread, every comm op goes through it, so they keep schedule order.
-        future = self.thread.submit(_on_stream, comm, token, body)
+        future = self.thread.submit(engine.run, token, body)
         self.futures.append(future)
-        pending = Pending(lambda: _join(*future.result()))
+        pending = Pending(lambda: engine.join(*future.result()))
         if op.stream is not Stream.COMM:
             return pending.result()
         if op.kind is OpKind.SEND:
@@ -306,54 +311,7 @@ def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str |
     return None
 
 
-# --------------------------------------------------------------------------- streams and threads
-def _mark(comm: Any) -> Any:
-    """An event after the work queued so far on the compute stream (GPU); None on the CPU."""
-    if comm.stream is None:
-        return None
-    import torch
-
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(comm.device))
-    return event
-
-
-def _on_stream(comm: Any, token: Any, body: Body) -> tuple[Any, list[Any], Any]:
-    """Run ``body`` on the communicator's stream after ``token``; returns its result and an end event."""
-    if comm.stream is None:
-        return (*body(), None)
-    import torch
-
-    with torch.cuda.device(comm.device), torch.cuda.stream(comm.stream):
-        comm.stream.wait_event(token)
-        value, tensors = body()
-        done = torch.cuda.Event()
-        done.record(comm.stream)
-    return value, tensors, done
-
-
-def _join(value: Any, tensors: list[Any], done: Any) -> Any:
-    """Hand a result to the compute stream: it waits for ``done``; the tensors are used there."""
-    if done is not None:
-        import torch
-
-        current = torch.cuda.current_stream()
-        current.wait_event(done)
-        for tensor in tensors:
-            tensor.record_stream(current)
-    return value
-
-
-def _bind_device(comms: dict[str, Any]) -> None:
-    """Comm-thread initializer: CUDA's current device is per thread."""
-    for comm in comms.values():
-        if comm.stream is not None:
-            import torch
-
-            torch.cuda.set_device(comm.device)
-            return
-
-
+# --------------------------------------------------------------------------- abort
 def _watch(group: GroupEndpoint, comm: Any) -> None:
     """Abort ``comm`` when the driver closes the group's control channel (teardown, a death)."""
 
