@@ -36,6 +36,7 @@ What Ray 2.60 records, read here and nowhere else:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -300,17 +301,27 @@ def _actor_facts(parent: Any) -> tuple[str, float, tuple[str, ...]]:
     return name, _handle_gpus(parent, name), methods
 
 
-def _handle_gpus(handle: Any, name: str) -> float:
+def _handle_gpus(handle: Any, name: str, wait_s: float = 10.0) -> float:
+    """An actor's GPUs from the GCS actor table. An actor created a moment ago may not be
+    registered there yet (its creation is asynchronous; under load it takes a while):
+    wait up to ``wait_s`` for its entry rather than read it as GPU-less."""
     how, gpus = "Ray is not connected", 0.0
     if ray.is_initialized():
         try:  # a private API: degrade to 0 rather than fail the compile
             from ray._private.state import state
             from ray.core.generated import gcs_pb2
 
-            info = state._connect_and_get_accessor().get_actor_info(handle._actor_id)
-            table = gcs_pb2.ActorTableData.FromString(info)  # type: ignore[attr-defined]
-            gpus = float(table.required_resources.get("GPU", 0.0))
-            how = "the GCS actor table"
+            accessor, deadline = state._connect_and_get_accessor(), time.monotonic() + wait_s
+            info = accessor.get_actor_info(handle._actor_id)
+            while info is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                info = accessor.get_actor_info(handle._actor_id)
+            if info is None:
+                how = f"the actor was not in the GCS actor table within {wait_s:g} s"
+            else:
+                table = gcs_pb2.ActorTableData.FromString(info)  # type: ignore[attr-defined]
+                gpus = float(table.required_resources.get("GPU", 0.0))
+                how = "the GCS actor table"
         except Exception as e:  # noqa: BLE001
             how = f"the GCS actor table is unreadable: {e}"
     logger.debug("actor %s: gpus=%g (%s)", name, gpus, how)

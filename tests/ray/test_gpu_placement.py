@@ -94,3 +94,23 @@ def test_a_mixture_is_refused_and_the_actors_stay_usable(logical_gpus: int) -> N
     finally:
         for actor in (a, b, c):
             ray.kill(actor)
+
+
+def test_gpus_of_an_actor_created_a_moment_ago_are_read_right(logical_gpus: int) -> None:
+    """Ray registers a new actor asynchronously (about half of the tries here were not in
+    the GCS right after ``.remote()``): the front end must not read its GPUs as none."""
+    from cgraph.dag.adapter import _handle_gpus
+
+    actors = []
+    try:
+        for _ in range(10):
+            actor = Holder.options(num_gpus=0.5).remote()
+            gpus = _handle_gpus(actor, "Holder")
+            ray.kill(actor)  # 4 logical GPUs: make room for the next
+            assert gpus == 0.5
+        a, b = Holder.options(num_gpus=0.5).remote(), Holder.options(num_gpus=0.5).remote()
+        actors += [a, b]
+        assert compiled_kinds(pipeline([a], b)) in ({"cuda_ipc"}, {"nccl"})  # compiled at once
+    finally:
+        for actor in actors:
+            ray.kill(actor)
