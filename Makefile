@@ -1,13 +1,14 @@
 # cgraph: two commands do all the set-up on a fresh machine.
 #   make run    the main job (the overlap example on a local Ray cluster)
 #   make test   the test suite
+#   make gpu-check  for users with GPUs: what cgraph's GPU path does here (see scripts/gpu_check.py)
 # Both create .venv and install on first use (see scripts/setup.sh).
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test setup lint typecheck bench clean
+.PHONY: run test gpu-check setup lint typecheck bench clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
@@ -20,6 +21,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/test.sh $(PY)
+
+gpu-check: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) scripts/gpu_check.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cgraph tests benchmarks examples

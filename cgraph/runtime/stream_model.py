@@ -14,6 +14,9 @@ The rules this model keeps, as CUDA states them for streams and events:
   starts only once the event completed. The CPU is not blocked.
 - **Errors are asynchronous.** Work that fails on the stream makes its later
   events fail when synchronized, with that error.
+- **A closed stream** (its communicator destroyed) runs nothing more; whoever
+  waits for one of its events raises ``ChannelClosedError``, as a GPU rank
+  whose communicator was aborted does.
 - **Memory queued for a stream must outlive the work** (``keep`` is
   ``record_stream``): the model counts what it was given, tests may look.
 
@@ -30,14 +33,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cgraph.errors import ChannelClosedError
+
 
 class Stream:
     """A CUDA stream, modelled: a worker thread running queued work in order."""
 
     def __init__(self, name: str = "model-stream", delay_s: float = 0.0) -> None:
+        self.name = name
         self.delay_s = delay_s
         self.error: BaseException | None = None
         self.kept = 0
+        self.closed = False  # closed: its queued work never runs (the communicator was destroyed)
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -61,15 +68,19 @@ class Stream:
         self.kept += 1
 
     def close(self) -> None:
+        """Stop running work; waiters on this stream's events stop waiting and raise."""
+        self.closed = True
         self._queue.put(None)
 
     def _run(self) -> None:
         while True:
             work = self._queue.get()
-            if work is None:
+            if work is None or self.closed:
                 return
             if self.delay_s:
                 time.sleep(self.delay_s)
+            if self.closed:
+                return
             try:
                 work()
             except BaseException as exc:  # noqa: BLE001 - asynchronous: the next sync raises it
@@ -94,10 +105,17 @@ class Event:
         return self._done.is_set()
 
     def wait_done(self) -> None:
-        self._done.wait()
+        """Block until complete, or until its stream was closed (its work will never run)."""
+        while not self._done.wait(0.05):
+            if self._stream is not None and self._stream.closed:
+                return
 
     def synchronize(self) -> None:
-        """Block until complete; the stream's error, if its work failed before."""
-        self._done.wait()
-        if self._stream is not None and self._stream.error is not None:
-            raise self._stream.error
+        """Block until complete; the stream's error, if its work failed before (or the stream
+        was closed first: ``ChannelClosedError``)."""
+        self.wait_done()
+        stream = self._stream
+        if stream is not None and stream.error is not None:
+            raise stream.error
+        if stream is not None and not self._done.is_set():
+            raise ChannelClosedError(f"{stream.name} was closed before this event completed")

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from cgraph.channels.communicator import Communicator
 from cgraph.collective.transport import LocalTransport
+from cgraph.errors import ChannelClosedError
 from cgraph.runtime import stream_model
 from cgraph.runtime.comm_ops import CommState
 from cgraph.runtime.streams import InlineStreams, ModelStreams, streams_of
@@ -183,3 +184,12 @@ def test_random_graphs_under_the_model_same_results_with_and_without_overlap(rng
             runs.append([normalise(r) for r in h.run(1, 2, 3)])
     assert runs[0] == runs[1], text
     assert all(v == v for row in runs[0] for v in row), text  # nothing poisoned
+
+
+def test_waiting_on_a_closed_streams_event_raises_instead_of_hanging() -> None:
+    stream, event = stream_model.Stream(delay_s=0.2), stream_model.Event()
+    stream.enqueue(lambda: None)
+    event.record(stream)
+    stream.close()  # what destroying the communicator does, at teardown
+    with pytest.raises(ChannelClosedError, match="closed before this event completed"):
+        event.synchronize()
