@@ -52,10 +52,8 @@ from cgraph.errors import ChannelClosedError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, encode
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, GroupEndpoint, open_group
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.runtime.streams import InlineStreams, streams_of
+from cgraph.runtime.streams import Body, InlineStreams, streams_of
 from cgraph.scheduler.ops import Op, OpKind, Stream
-
-Body = Callable[[], tuple[Any, list[Any]]]  # returns (value, tensors received or made)
 
 
 class CommState:

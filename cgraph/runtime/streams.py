@@ -18,11 +18,12 @@ lines of ``CudaStreams`` and nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cgraph.runtime import stream_model
 
-Body = Any  # () -> (value, tensors received or made)
+Body = Callable[[], tuple[Any, list[Any]]]  # returns (value, tensors received or made)
 
 
 class InlineStreams:
