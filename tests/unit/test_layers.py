@@ -1,0 +1,81 @@
+"""cgraph's packages form layers (../shared/DESIGN.md): each imports only layers below it.
+
+Every import of every module is walked, those inside functions included, and each
+edge between two packages is checked against the layer table. The imports that
+climb today are listed in ``CLIMBING``, by file: a new climbing import fails, and
+so does a listed one that is gone (take it off the list), so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "cgraph"
+
+LAYERS = {
+    "errors": 0, "_log": 0,
+    "ir": 1, "channels": 1,
+    "scheduler": 2, "dag": 2, "comm": 2,
+    "runtime": 3, "visualize": 3, "collective": 3,
+    "compiler": 4,
+    "cgraph": 5,  # cgraph/__init__.py: the public API and the Ray compatibility layer
+}  # fmt: skip
+
+CLIMBING = {  # (file, package it imports): today's imports against the layers
+    ("cgraph/channels/communicator.py", "collective"),  # communicators live in channels (L1) and
+    ("cgraph/channels/cpu_communicator.py", "collective"),  # use the collective algorithms (L3)
+    ("cgraph/channels/nccl_communicator.py", "collective"),
+    ("cgraph/compiler.py", "cgraph"),
+    ("cgraph/dag/nodes.py", "compiler"),  # cgraph's InputNode.experimental_compile
+    ("cgraph/runtime/compiled_graph.py", "compiler"),  # the schedule picture at compile
+}
+
+
+def package_of(module: str) -> str:
+    """``cgraph.runtime.executor`` -> "runtime"; ``cgraph.errors`` -> "errors"; ``cgraph`` -> "cgraph"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "cgraph"
+
+
+def imports(path: Path) -> set[str]:
+    """Every cgraph module ``path`` imports, wherever the import statement sits."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else []
+            found.add(".".join([*base, *([node.module] if node.module else [])]))
+    return {name for name in found if name == "cgraph" or name.startswith("cgraph.")}
+
+
+def edges() -> set[tuple[str, str]]:
+    out = set()
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent)
+        source = "cgraph" if rel.parts == ("cgraph", "__init__.py") else package_of(".".join(rel.with_suffix("").parts))
+        for target in map(package_of, imports(path)):
+            if target != source:
+                out.add((str(rel), target))
+    return out
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+                if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    assert packages - set(LAYERS) == set(), "give the new package a layer here and in DESIGN.md"
+
+
+def test_no_import_climbs_beyond_the_known_ones() -> None:
+    climbing = {(path, target) for path, target in edges()
+                if LAYERS[target] >= LAYERS[package_of(".".join(Path(path).with_suffix("").parts))
+                                             if path != "cgraph/__init__.py" else "cgraph"]}
+    assert climbing - CLIMBING == set(), "these imports climb the layers (DESIGN.md): import downwards"
+    assert CLIMBING - climbing == set(), "these no longer climb: take them off CLIMBING"
+
+
+def test_the_walk_sees_imports_inside_functions() -> None:
+    assert ("cgraph/runtime/compiled_graph.py", "compiler") in edges()  # a function-local import
