@@ -263,7 +263,9 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     from cgraph.runtime.launch import launch, locate_actors
 
     planned = _plan(dag, options, locate=locate_actors)
-    return launch(planned.front, planned.planned, options)
+    compiled = launch(planned.front, planned.planned, options)
+    compiled.drawer = draw_schedule  # the runtime draws through it, without importing the compiler
+    return compiled
 
 
 def _plan(dag: Any, options: CompileOptions, locate: Any) -> CompiledPlan:

@@ -165,6 +165,7 @@ class CompiledGraph:
                         if not multi_output and len(endpoints.output_readers) == 1
                         and [k for k, _ in endpoints.output_spec] == ["node"] else None)
         self._monitor: Any = None
+        self.drawer: Any = None  # draw_schedule(planned, filename, format=, view=): set by the compiler
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ public API
@@ -246,9 +247,9 @@ class CompiledGraph:
         Ray Compiled Graphs' arguments; ``format="ascii"`` returns the schedule grid
         as text. See ``cgraph.CompiledPlan.visualize``.
         """
-        from cgraph.compiler import draw_schedule  # lazy: pictures are optional
-
-        return draw_schedule(self.planned, filename, format=format, view=view)
+        if self.drawer is None:
+            raise RuntimeError("this graph was started without cgraph.compile, which gives it a way to draw")
+        return self.drawer(self.planned, filename, format=format, view=view)
 
     def teardown(self, timeout: float = 10.0, kill_actors: bool = False) -> None:
         """Stop every actor loop and free every channel. Safe to call twice.
