@@ -49,18 +49,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cgraph.collective.types import ReduceOp
+from cgraph.collective.types import TORCH_FN, ReduceOp
 
 if TYPE_CHECKING:
     import torch
-
-_TORCH_REDUCE = {
-    ReduceOp.SUM: "add",
-    ReduceOp.PRODUCT: "mul",
-    ReduceOp.MIN: "minimum",
-    ReduceOp.MAX: "maximum",
-}
-"""The torch function combining two tensors for each reduce op (every op has a row)."""
 
 REQUIRED = ("initialize", "send", "recv", "allreduce", "allgather", "reducescatter",
             "broadcast", "barrier", "synchronize", "destroy")
@@ -87,7 +79,7 @@ def reduce_into(op: ReduceOp, acc: torch.Tensor, other: torch.Tensor) -> None:
     """``acc = op(acc, other)`` in place, with torch."""
     import torch
 
-    getattr(torch, _TORCH_REDUCE[op])(acc, other, out=acc)
+    getattr(torch, TORCH_FN[op])(acc, other, out=acc)
 
 
 def view_receiver(comm: Any) -> Callable[[tuple[int, ...], Any, int], tuple[Any, Any]] | None:

@@ -32,16 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.communicator import GpuCommunicator, as_reduce_op, split_chunks
 from cgraph.collective.rendezvous import RENDEZVOUS_TIMEOUT_S
-from cgraph.collective.types import ReduceOp
+from cgraph.collective.types import ReduceOp, dist_op
 
 if TYPE_CHECKING:
     import torch
 
 TIMEOUT = timedelta(minutes=30)
 """NCCL's own watchdog timeout; cgraph's teardown aborts long before it fires."""
-
-_TORCH_OP = {ReduceOp.SUM: "SUM", ReduceOp.PRODUCT: "PRODUCT", ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX"}
-
 
 @dataclass(frozen=True)
 class NcclRendezvous:
@@ -167,6 +164,4 @@ class NcclCommunicator(GpuCommunicator):
 
 
 def _torch_op(op: ReduceOp | str) -> Any:
-    import torch.distributed as dist
-
-    return getattr(dist.ReduceOp, _TORCH_OP[as_reduce_op(op)])
+    return dist_op(as_reduce_op(op))

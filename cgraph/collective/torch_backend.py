@@ -29,7 +29,7 @@ from cgraph.collective import signatures
 from cgraph.collective.backends import Hooks
 from cgraph.collective.rendezvous import RENDEZVOUS_TIMEOUT_S
 from cgraph.collective.teams import Team
-from cgraph.collective.types import ReduceOp
+from cgraph.collective.types import ReduceOp, dist_op
 from cgraph.errors import (
     CollectiveError,
     CollectiveGroupError,
@@ -243,7 +243,7 @@ def _exchange_nodes(store: Any, rank: int, size: int, node: str) -> tuple[Hashab
 
 
 def _torch_op(op: ReduceOp) -> Any:
-    return getattr(_dist().ReduceOp, op.name)
+    return dist_op(op)
 
 
 def _local_ip() -> str:

@@ -1,4 +1,5 @@
-"""Reduce operations and the numpy ufunc that applies each one in place."""
+"""Reduce operations, and the one table of how each is applied: numpy's ufunc, torch's
+function, torch.distributed's op (gloo and NCCL)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,21 @@ UFUNC: dict[ReduceOp, np.ufunc] = {
     ReduceOp.MAX: np.maximum,
 }
 """The binary ufunc of each op; every op has a row (a test checks)."""
+
+TORCH_FN: dict[ReduceOp, str] = {
+    ReduceOp.SUM: "add",
+    ReduceOp.PRODUCT: "mul",
+    ReduceOp.MIN: "minimum",
+    ReduceOp.MAX: "maximum",
+}
+"""The torch function combining two tensors for each op (every op has a row)."""
+
+
+def dist_op(op: ReduceOp) -> object:
+    """``torch.distributed.ReduceOp`` of ``op`` (gloo, NCCL): the member of the same name."""
+    import torch.distributed as dist
+
+    return getattr(dist.ReduceOp, op.name)
 
 
 def combine(op: ReduceOp, left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:

@@ -185,8 +185,16 @@ def test_unknown_algorithm_and_non_contiguous_buffer_are_rejected() -> None:
         allreduce(t, np.zeros((4, 4))[:, 0], ReduceOp.SUM, "ring")
 
 
-def test_every_op_has_a_ufunc() -> None:
-    assert set(UFUNC) == set(ReduceOp)
+def test_every_op_has_a_ufunc_a_torch_function_and_a_torch_distributed_op() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from cgraph.collective.types import TORCH_FN, dist_op
+
+    assert set(UFUNC) == set(TORCH_FN) == set(ReduceOp)
+    for op in ReduceOp:
+        assert callable(getattr(torch, TORCH_FN[op]))
+        assert isinstance(dist_op(op), type(dist.ReduceOp.SUM))
 
 
 @settings(max_examples=25, deadline=None)
