@@ -21,6 +21,7 @@ from typing import Any
 
 from cgraph.channels.intra_channel import IntraWriter
 from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError
+from cgraph.runtime import coverage_hook
 from cgraph.runtime.affinity import pin_thread
 from cgraph.runtime.comm_ops import comm_state, handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
@@ -291,6 +292,7 @@ costs ~1 µs of Python here (3.0 µs when each op looked them up every time)."""
 
 def run_actor_loop(instance: object, program: ActorProgram) -> str:
     """Run ``program`` until its channels close. Returns why it stopped."""
+    measured = coverage_hook.trace_this_thread()
     unpin = pin_thread(program.extra.get("cpu_affinity"))
     ctx = Context(instance, program)
     steps = [HANDLERS[op.kind](op, ctx) for op in program.ops]
@@ -306,3 +308,4 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
     finally:
         ctx.close()
         unpin()
+        coverage_hook.save(measured)
