@@ -78,9 +78,14 @@ def send(sock: socket.socket, data: bytes) -> bool:
 
 def attack(kind: str, host: str, port: int, arg: str) -> dict:
     if kind == "flood":
-        socks = [socket.create_connection((host, port), timeout=10) for _ in range(int(arg))]
+        socks, refused = [], 0
+        for _ in range(int(arg)):
+            try:
+                socks.append(socket.create_connection((host, port), timeout=10))
+            except ConnectionRefusedError:  # the door shut behind the writer (a slow machine)
+                refused += 1
         closed = sum(closed_by_peer(s, 15.0) for s in socks)
-        return {"closed": closed, "of": len(socks)}
+        return {"closed": closed + refused, "of": int(arg)}
     sock, challenge = connect(host, port)
     seen = {"challenged": challenge.startswith(b"cgraph-auth")}
     if kind == "garbage":
