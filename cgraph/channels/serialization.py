@@ -325,12 +325,13 @@ def _rebuild_cuda_tensor(buf: Any, dtype: Any, shape: tuple[int, ...], requires_
     """A tensor written from a GPU: on this process's current CUDA device if it has
     CUDA, else on the CPU (then a view of the slot, as any CPU tensor)."""
     host = _rebuild_tensor(buf, dtype, shape, False)
-    tensor = host.cuda() if _has_cuda() else host  # CUDA: host to device
+    tensor = host.cuda() if has_cuda() else host  # CUDA: host to device
     return tensor.requires_grad_() if requires_grad else tensor
 
 
 @functools.lru_cache(maxsize=1)
-def _has_cuda() -> bool:
+def has_cuda() -> bool:
+    """Whether this process can place tensors on a GPU (asked once)."""
     import torch
 
     return bool(torch.cuda.is_available())

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cgraph.channels.communicator import view_receiver
-from cgraph.channels.serialization import on_base, pickler_base
+from cgraph.channels.serialization import has_cuda, on_base, pickler_base
 from cgraph.errors import RuntimeGraphError
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.streams import streams_of
@@ -321,15 +321,9 @@ class EdgeReader(_End):
         if self.device == "default" or not tensors:
             return tensors
         target = "cpu" if self.device == "cpu" else "cuda"
-        if target == "cuda" and not _cuda_available():
+        if target == "cuda" and not has_cuda():
             raise RuntimeGraphError(
                 f"node {self.node} asks for device={self.device!r}, but this actor has no GPU; "
                 'use device="cpu" or "default", or give the reading actor num_gpus'
             )
         return [t.to(target) for t in tensors]
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
