@@ -5,6 +5,8 @@ compiled graph before any execution, so no CUDA call runs."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -40,6 +42,17 @@ def logical_gpus(ray_session: Any) -> int:
     return count
 
 
+@contextmanager
+def holders(*gpus: float) -> Iterator[list[Any]]:
+    """Fresh actors with these (logical) GPU shares, killed afterwards."""
+    actors = [Holder.options(num_gpus=g).remote() for g in gpus]
+    try:
+        yield actors
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
 def group_kinds(compiled: Any) -> set[str]:
     (comm,) = [r for r in compiled._ep.resources if isinstance(r, CommResources)]
     return {g.kind for program in comm.programs.values() for g in program.groups.values()}
@@ -61,39 +74,26 @@ def compiled_kinds(dag: Any) -> set[str]:
 
 
 def test_actors_sharing_one_gpu_use_cuda_ipc(logical_gpus: int) -> None:
-    a, b = (Holder.options(num_gpus=0.5).remote() for _ in range(2))
-    try:
+    with holders(0.5, 0.5) as (a, b):
         (ids_a, index_a), (ids_b, _) = ray.get([a.gpus.remote(), b.gpus.remote()])
         if ids_a != ids_b:
             pytest.fail(f"Ray put the two halves on GPUs {ids_a} and {ids_b}: this test needs them together")
         assert index_a == 0  # Ray shows an actor only its own GPU
         assert compiled_kinds(pipeline([a], b)) == {"cuda_ipc"}
-    finally:
-        for actor in (a, b):
-            ray.kill(actor)
 
 
 def test_actors_on_distinct_gpus_use_nccl(logical_gpus: int) -> None:
-    a, b = (Holder.options(num_gpus=1).remote() for _ in range(2))
-    try:
+    with holders(1, 1) as (a, b):
         ids = ray.get([a.gpus.remote(), b.gpus.remote()])
         assert ids[0][0] != ids[1][0] and [index for _, index in ids] == [0, 0]
         assert compiled_kinds(pipeline([a], b)) == {"nccl"}
-    finally:
-        for actor in (a, b):
-            ray.kill(actor)
 
 
 def test_a_mixture_is_refused_and_the_actors_stay_usable(logical_gpus: int) -> None:
-    a, b = (Holder.options(num_gpus=0.5).remote() for _ in range(2))
-    c = Holder.options(num_gpus=1).remote()
-    try:
+    with holders(0.5, 0.5, 1) as (a, b, c):
         with pytest.raises(cgraph.CompileError, match="share a GPU .* and others do not"):
             cgraph.compile(pipeline([a, c], b))
         assert ray.get([x.total.remote(ray.get(a.make.remote(1))) for x in (a, b, c)]) == [2.0] * 3
-    finally:
-        for actor in (a, b, c):
-            ray.kill(actor)
 
 
 def test_gpus_of_an_actor_created_a_moment_ago_are_read_right(logical_gpus: int) -> None:
@@ -101,16 +101,8 @@ def test_gpus_of_an_actor_created_a_moment_ago_are_read_right(logical_gpus: int)
     the GCS right after ``.remote()``): the front end must not read its GPUs as none."""
     from cgraph.dag.adapter import _handle_gpus
 
-    actors = []
-    try:
-        for _ in range(10):
-            actor = Holder.options(num_gpus=0.5).remote()
-            gpus = _handle_gpus(actor, "Holder")
-            ray.kill(actor)  # 4 logical GPUs: make room for the next
-            assert gpus == 0.5
-        a, b = Holder.options(num_gpus=0.5).remote(), Holder.options(num_gpus=0.5).remote()
-        actors += [a, b]
+    for _ in range(10):
+        with holders(0.5) as (actor,):  # killed at once: 4 logical GPUs, room for the next
+            assert _handle_gpus(actor, "Holder") == 0.5
+    with holders(0.5, 0.5) as (a, b):
         assert compiled_kinds(pipeline([a], b)) in ({"cuda_ipc"}, {"nccl"})  # compiled at once
-    finally:
-        for actor in actors:
-            ray.kill(actor)
