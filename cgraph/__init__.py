@@ -43,17 +43,19 @@ from cgraph.errors import (
 )
 
 if TYPE_CHECKING:
+    from cgraph.comm import Communicator
+    from cgraph.compat import InputNode, MultiOutputNode, TorchTensorType, with_type_hint
     from cgraph.compiler import compile, plan
-    from cgraph.dag import InputNode, MultiOutputNode, TorchTensorType, with_type_hint
     from cgraph.runtime import CompiledGraph, CompiledRef
 
 _LAZY = {
+    "Communicator": "cgraph.comm",
     "compile": "cgraph.compiler",
     "plan": "cgraph.compiler",
-    "InputNode": "cgraph.dag",
-    "MultiOutputNode": "cgraph.dag",
-    "TorchTensorType": "cgraph.dag",
-    "with_type_hint": "cgraph.dag",
+    "InputNode": "cgraph.compat",
+    "MultiOutputNode": "cgraph.compat",
+    "TorchTensorType": "cgraph.compat",
+    "with_type_hint": "cgraph.compat",
     "CompiledGraph": "cgraph.runtime",
     "CompiledRef": "cgraph.runtime",
 }
@@ -75,6 +77,7 @@ __all__ = [
     "ChannelClosedError",
     "ChannelTimeoutError",
     "CompileError",
+    "Communicator",
     "CompiledGraph",
     "CompiledRef",
     "DAGValidationError",

@@ -31,6 +31,7 @@ from typing import Any
 from cgraph._log import logger
 from cgraph.dag import CommunicatorTable, FrontEnd, read_dag
 from cgraph.runtime.options import CompileOptions
+from cgraph.scheduler import Planned
 
 DEBUG_ENV = "CGRAPH_DEBUG"
 VISUALIZE_ENV = "CGRAPH_VISUALIZE_SCHEDULE"
@@ -41,7 +42,7 @@ class CompiledPlan:
     """A compiled DAG, planned but not launched: the IR, channels and schedule."""
 
     front: FrontEnd
-    planned: Any  # cgraph.scheduler's Planned
+    planned: Planned
     options: CompileOptions
 
     @property
@@ -146,7 +147,7 @@ def plan_dag(
         dag: the root of a Ray DAG (a ``MultiOutputNode`` or one bound call).
         overlap: run the overlap pass (GPU communication overlaps compute).
         default_communicator: transport for communicator edges the actors cannot
-            serve themselves: a name (``"cpu"``, ``"nccl"``) or a communicator
+            serve themselves: a name (``"cpu"``, ``"gloo"``, ``"nccl"``) or a communicator
             object, registered as ``custom:<Class>`` like per-edge ones.
         check: verify the schedule after each pass and look for deadlocks.
         locate: optional ``f(front) -> Graph`` run before planning (the runtime
@@ -219,32 +220,8 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     Args:
         dag: the root of a Ray DAG over actor handles: a ``MultiOutputNode`` or
             one bound call.
-        overlap_gpu_communication: reorder communicator receives to overlap compute.
-        max_inflight_executions: executions submitted whose results the driver
-            has not yet taken from the graph's output channels, at most (one
-            more raises ``CapacityError``).
-        buffer_size_bytes: initial size of each shared-memory slot (grows once
-            when a larger value comes).
-        submit_timeout: seconds ``execute`` may wait for room (``None`` or
-            negative: forever).
-        get_timeout: default seconds ``get`` waits (``None`` or negative: forever).
-        enable_asyncio: prepare ``execute_async``.
-        default_communicator: a name (``"cpu"``) or communicator object for
-            communicator edges the actors cannot serve themselves.
-        cpu_affinity: ``None`` (default: the OS places every process),
-            ``"colocate"`` (pin the driver's calling thread and the loops of the
-            actors on its node to one CPU while the graph lives: lowest latency
-            for small latency-bound graphs, methods run one at a time), or a set
-            of CPU ids. Restored at teardown.
-        max_buffered_results: results taken from the output channels but not
-            yet read by their refs (a later execution was read first), at most;
-            a get() that would buffer one more raises ``CapacityError``.
-        max_value_bytes: the largest value an edge between nodes carries (16 GiB); a
-            larger one is that execution's error at the sender, and a frame that
-            announces more is refused before memory is allocated.
-        tls: run TLS on every socket of the graph (certificates from each process's
-            ``CGRAPH_TLS_CERT``/``_KEY``/``_CA``, else Ray's ``RAY_TLS_*``); None (the
-            default): on when ``CGRAPH_TLS=1`` or ``RAY_USE_TLS=1``.
+        overlap_gpu_communication, max_inflight_executions, ...: the options, each
+            documented on ``cgraph.runtime.CompileOptions`` (Ray's defaults where Ray has one).
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,

@@ -5,9 +5,9 @@
                   with overlap off and on, two GPUs on NCCL, CUDA tensors through shared
                   memory), each PASS / FAIL / NOT RUN with the reason; the CUDA IPC check
                   again under TORCH_CUDA_SANITIZER=1; the overlap example on the GPU
-    no CUDA       says so, and runs the CPU model of the same logic instead (streams
-                  modelled on the CPU, the CUDA IPC protocol with a stand-in, placement on
-                  Ray's logical GPUs, the send fence)
+    no CUDA       says so, and runs the CPU model of the same logic instead (the NCCL
+                  communicator's code on gloo, streams modelled on the CPU, the CUDA IPC
+                  protocol with a stand-in, placement on Ray's logical GPUs, the send fence)
 
 Exit status: 1 when a check that could run failed, else 0.
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_MODEL = [
+    "tests/unit/test_comm_process_group.py",
     "tests/unit/test_stream_model.py",
     "tests/unit/test_cuda_ipc_protocol.py",
     "tests/unit/test_gpu_placement.py",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.types import ReduceOp
 
 _API = (
     "init_collective_group", "declare_collective_group", "create_collective_group",
@@ -30,7 +30,7 @@ _API = (
     "explain", "choose_algorithm", "get_cost_params", "set_cost_params", "tune",
 )
 _DAG_OPS = ("allreduce", "allgather", "reducescatter")  # callable and .bind-able
-_ELSEWHERE = {"CostParams": "cgraph.collective.cost_model", "Team": "cgraph.collective.teams"}
+_ELSEWHERE = {"CostParams": "cgraph.comm.cost_model", "Team": "cgraph.comm.teams"}
 
 __all__ = ["ReduceOp", *_API, *_ELSEWHERE]
 

@@ -31,11 +31,12 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from cgraph.collective import autotune, backends, cost_model, groups, teams
-from cgraph.collective.cost_model import CostParams
+from cgraph.collective import autotune, backends, groups
 from cgraph.collective.groups import DEFAULT_TIMEOUT_S
 from cgraph.collective.tensor_views import working
-from cgraph.collective.types import ReduceOp
+from cgraph.comm import cost_model, teams
+from cgraph.comm.cost_model import CostParams
+from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveGroupError
 
 DEFAULT_PARAMS = autotune.DEFAULT_PARAMS
@@ -120,7 +121,7 @@ def allreduce(tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM,
     Args:
         op: ReduceOp.SUM, PRODUCT, MIN or MAX (or its name).
         algorithm: "auto" (the fitted cost model's choice) or a name of
-            ``cgraph.collective.algorithms.ALGORITHMS`` ("cpu" backend only).
+            ``cgraph.comm.algorithms.ALGORITHMS`` ("cpu" backend only).
 
     Raises:
         CollectiveGroupError, CollectiveMismatchError, CollectiveTimeoutError.

@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cgraph._log import logger
-from cgraph.collective import cost_model
-from cgraph.collective.algorithms import allreduce, barrier
-from cgraph.collective.cost_model import CostParams, Sample
-from cgraph.collective.transport import Transport
-from cgraph.collective.types import ReduceOp
+from cgraph.comm import cost_model
+from cgraph.comm.algorithms import allreduce, barrier
+from cgraph.comm.cost_model import CostParams, Sample
+from cgraph.comm.transport import Transport
+from cgraph.comm.types import ReduceOp
 
 FIT_BYTES: tuple[int, ...] = (256 << 10, 4 << 20, 32 << 20)
 """Sizes timed by the measurement (float32 buffers of this many bytes), up to large

@@ -18,8 +18,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cgraph.collective.teams import Team
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.teams import Team
+from cgraph.comm.types import ReduceOp
 
 
 class GroupComm(Protocol):

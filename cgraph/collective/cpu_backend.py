@@ -24,14 +24,15 @@ from collections.abc import Hashable, Iterator, Sequence
 
 import numpy as np
 
-from cgraph.collective import algorithms, autotune, cost_model
-from cgraph.collective.algorithms.partition import Bounds
+from cgraph.collective import autotune
 from cgraph.collective.backends import Hooks
-from cgraph.collective.cost_model import CostParams
-from cgraph.collective.framed_transport import FramedTransport
-from cgraph.collective.teams import Team, TeamTransport
-from cgraph.collective.transport import Transport
-from cgraph.collective.types import ReduceOp
+from cgraph.comm import algorithms, cost_model
+from cgraph.comm.algorithms.partition import Bounds
+from cgraph.comm.cost_model import CostParams
+from cgraph.comm.framed_transport import FramedTransport
+from cgraph.comm.teams import Team, TeamTransport
+from cgraph.comm.transport import Transport
+from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
 

@@ -24,9 +24,9 @@ import difflib
 import importlib
 from typing import Any
 
-from cgraph.channels.communicator import as_reduce_op
-from cgraph.collective.algorithms import ALGORITHMS
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.algorithms import ALGORITHMS
+from cgraph.comm.communicator import as_reduce_op
+from cgraph.comm.types import ReduceOp
 from cgraph.errors import DAGValidationError
 
 AUTO = "auto"
@@ -79,7 +79,7 @@ class AllReduce(_Collective):
                 holding a torch tensor.
             op: a ``ReduceOp`` (or its name: "sum", "product", "min", "max").
             algorithm: "auto" (the communicator's choice) or one of
-                ``cgraph.collective.algorithms.ALGORITHMS`` ("ring", "tree", ...),
+                ``cgraph.comm.algorithms.ALGORITHMS`` ("ring", "tree", ...),
                 which only the CPU communicator can run.
 
         Returns:

@@ -48,13 +48,10 @@ from typing import Any
 
 import ray
 
-from cgraph.collective.ray_store import KVStore, on_this_node
+from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S, KVStore, on_this_node
 from cgraph.errors import CollectiveGroupError, CollectiveTimeoutError
 
 STORE_PREFIX = "cgraph.collective:"
-RENDEZVOUS_TIMEOUT_S = 120.0
-"""How long joining may take: starting the store actor, and (gloo, nccl) every rank
-connecting. Calls made after that wait ``GroupSpec.timeout_s``."""
 SHM_TAG_PREFIX = "col."
 """Segments of a group's links are named ``cgraph_<store pid>_col.<group>.<nonce>_...``."""
 
@@ -205,7 +202,7 @@ class GroupStore(KVStore):
         spec, state = self._spec, self._state
         if spec.backend == "cpu":
             if not state.ends:
-                from cgraph.channels.cpu_communicator import create_links
+                from cgraph.comm.cpu_mesh import create_links
 
                 tag = f"{SHM_TAG_PREFIX}{spec.name}.{self._nonce}"
                 state.channels, state.ends = create_links(tag, "link", spec.world_size)

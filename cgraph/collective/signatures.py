@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.types import ReduceOp
 
 KINDS = ("none", "allreduce", "reduce", "broadcast", "allgather", "reducescatter", "p2p", "barrier")
 """Call kinds by code."""

@@ -27,9 +27,10 @@ from typing import Any
 
 from cgraph.collective import signatures
 from cgraph.collective.backends import Hooks
-from cgraph.collective.rendezvous import RENDEZVOUS_TIMEOUT_S
-from cgraph.collective.teams import Team
-from cgraph.collective.types import ReduceOp, dist_op
+from cgraph.comm.process_group import process_group
+from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
+from cgraph.comm.teams import Team
+from cgraph.comm.types import ReduceOp, dist_op
 from cgraph.errors import (
     CollectiveError,
     CollectiveGroupError,
@@ -41,25 +42,6 @@ NATIVE = ("auto", "native")
 """The ``algorithm`` values these backends accept (their own allreduce)."""
 
 
-def _gloo_group(store: Any, rank: int, size: int, timeout: datetime.timedelta, host: str) -> Any:
-    from torch.distributed import ProcessGroupGloo
-
-    options = ProcessGroupGloo._Options()
-    options._devices = [ProcessGroupGloo.create_device(hostname=host)]
-    options._timeout = timeout
-    return ProcessGroupGloo(store, rank, size, options)
-
-
-def _nccl_group(store: Any, rank: int, size: int, timeout: datetime.timedelta, host: str) -> Any:
-    from torch.distributed import ProcessGroupNCCL
-
-    options = ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return ProcessGroupNCCL(store, rank, size, options)
-
-
-PROCESS_GROUPS: dict[str, Callable[..., Any]] = {"gloo": _gloo_group, "nccl": _nccl_group}
-"""How each backend builds its torch process group (one row per torch backend)."""
 
 
 class TorchComm:
@@ -218,19 +200,19 @@ def connect(membership: Any, hooks: Hooks) -> TorchComm:
         RuntimeError: torch could not build the process group (a rank did not
             arrive within the rendezvous time: the message says "timed out").
     """
-    from cgraph.collective.ray_store import connect_store
+    from cgraph.comm.ray_store import connect_store
 
     spec = membership.spec
     timeout = datetime.timedelta(seconds=spec.timeout_s)
     rendezvous_s = max(spec.timeout_s, RENDEZVOUS_TIMEOUT_S)
     root = connect_store(membership.store, rendezvous_s).prefixed(f"{spec.name}.{membership.nonce}")
-    build, local_host = PROCESS_GROUPS[spec.backend], _local_ip()
+    local_host = _local_ip()
 
     def make(members: Team, prefix: str) -> tuple[Any, Any]:
         """The process group of ``members`` (group ranks) as this rank sees it, and its store."""
         rank = members.team_rank(membership.rank)
         store = root.prefixed(prefix)
-        return build(store, rank, members.size, timeout, local_host), store
+        return process_group(spec.backend, store, rank, members.size, timeout, local_host), store
 
     nodes = _exchange_nodes(root.prefixed("nodes"), membership.rank, spec.world_size, hooks.node)
     device = "cuda" if spec.backend == "nccl" else "cpu"

@@ -1,24 +1,16 @@
-"""cgraph's authoring names: Ray's DAG API, compiled by cgraph.
+"""cgraph's type hints on Ray DAG nodes: ``TorchTensorType`` and ``with_type_hint``.
 
-Ray's overlap example runs on cgraph by changing its imports only::
-
-    from ray.dag import InputNode, MultiOutputNode                       # before
-    from ray.experimental.channel.torch_tensor_type import TorchTensorType
-    from cgraph import InputNode, MultiOutputNode, TorchTensorType      # after
-
-- ``InputNode`` / ``MultiOutputNode`` are Ray's classes, subclassed: the DAG is
-  still built with ``actor.method.bind(...)``; ``experimental_compile(...)``
-  takes Ray's keyword names and returns cgraph's compiled graph.
-- A single-output DAG's root is Ray's own ``ClassMethodNode``; importing
-  ``cgraph.dag`` installs a dispatch on Ray's ``experimental_compile`` that
-  sends a DAG to cgraph only when its InputNode is cgraph's (see
-  ``adapter.install_ray_hooks``). Plain Ray DAGs keep Ray's behaviour.
 - ``TorchTensorType`` is cgraph's type hint, with Ray's constructor. Unlike
   Ray 2.60's class it accepts ``transport="nccl"`` (as the seed writes it):
   "auto" lets cgraph choose per edge, "shm" is host shared memory, "nccl" (or
   "accelerator") is the GPU communicator, and an object is a communicator.
 - ``with_type_hint(node, hint)`` attaches a hint; ``node.with_type_hint(hint)``
-  works too (Ray 2.60's nodes lack the method; the hooks add it).
+  works too (Ray 2.60's nodes lack the method; ``cgraph.compat`` adds it).
+- ``to_tensor_hint`` turns either kind of hint into the IR's ``TensorHint``,
+  naming communicator objects through a ``CommunicatorTable``.
+
+cgraph's ``InputNode`` and ``MultiOutputNode`` (whose ``experimental_compile``
+calls the compiler) live in ``cgraph.compat``, above the compiler.
 """
 
 from __future__ import annotations
@@ -27,8 +19,6 @@ import itertools
 from typing import Any
 
 from ray.dag import DAGNode
-from ray.dag import InputNode as _RayInputNode
-from ray.dag import MultiOutputNode as _RayMultiOutputNode
 from ray.experimental.channel.auto_transport_type import AutoTransportType
 from ray.experimental.channel.common import ChannelOutputType
 from ray.experimental.channel.communicator import Communicator as RayCommunicator
@@ -191,124 +181,3 @@ def with_type_hint(node: Any, hint: Any) -> Any:
         node.type_hint = hint
         return node
     raise TypeError(f"with_type_hint: expected cgraph.TorchTensorType or a Ray type hint, got {hint!r}")
-
-
-def compile_with_ray_options(
-    dag: Any,
-    _submit_timeout: float | None = None,
-    _buffer_size_bytes: int | None = None,
-    enable_asyncio: bool = False,
-    _max_inflight_executions: int | None = None,
-    _max_buffered_results: int | None = None,
-    _overlap_gpu_communication: bool | None = None,
-    _default_communicator: Any = "create",
-) -> Any:
-    """``cgraph.compile`` behind Ray 2.60's ``experimental_compile`` signature.
-
-    As in Ray, an argument left at ``None`` takes its value from Ray's
-    ``DAGContext`` (which reads the ``RAY_CGRAPH_*`` environment variables), with
-    one exception: Ray's untouched default ``get_timeout`` of 10 s becomes
-    cgraph's "no limit" (a first execution whose actors still import torch
-    outlasts it); a value the user set (``DAGContext.get_current().get_timeout
-    = 30`` or ``RAY_CGRAPH_get_timeout``) is kept. A timeout of -1 (Ray: wait
-    forever) means no limit; the default communicator ``"create"`` (Ray: create
-    one per group) maps to cgraph's default.
-
-    Returns:
-        What ``cgraph.compile`` returns.
-    """
-    from cgraph.compiler import compile as cgraph_compile
-
-    options = ray_context_options()
-    options["enable_asyncio"] = enable_asyncio
-    given = {"submit_timeout": _submit_timeout, "buffer_size_bytes": _buffer_size_bytes,
-             "max_inflight_executions": _max_inflight_executions,
-             "max_buffered_results": _max_buffered_results,
-             "overlap_gpu_communication": _overlap_gpu_communication}
-    options.update({name: value for name, value in given.items() if value is not None})
-    if options.get("submit_timeout") is not None and options["submit_timeout"] < 0:
-        options["submit_timeout"] = None  # Ray's -1: wait forever
-    if _default_communicator is not None and not (
-        isinstance(_default_communicator, str) and _default_communicator == "create"
-    ):
-        options["default_communicator"] = _default_communicator
-    return cgraph_compile(dag, **options)
-
-
-RAY_DEFAULT_GET_TIMEOUT_S = 10
-"""Ray's built-in ``DAGContext.get_timeout`` (when ``RAY_CGRAPH_get_timeout`` is unset)."""
-
-
-def ray_context_options() -> dict[str, Any]:
-    """cgraph.compile options from Ray's current ``DAGContext`` (see compile_with_ray_options)."""
-    from ray.dag.context import DAGContext
-
-    ctx = DAGContext.get_current()
-    options: dict[str, Any] = {
-        "submit_timeout": ctx.submit_timeout,
-        "buffer_size_bytes": int(ctx.buffer_size_bytes),
-        "max_inflight_executions": ctx.max_inflight_executions,
-        "max_buffered_results": ctx.max_buffered_results,
-        "overlap_gpu_communication": bool(ctx.overlap_gpu_communication),
-    }
-    if ctx.get_timeout != RAY_DEFAULT_GET_TIMEOUT_S:
-        options["get_timeout"] = ctx.get_timeout
-    return options
-
-
-class _CompiledByCGraph:
-    """Mixin: ``experimental_compile`` with Ray's keywords, compiled by cgraph."""
-
-    def experimental_compile(self, *args: Any, **kwargs: Any) -> Any:
-        """Compile this DAG with cgraph; takes Ray's ``experimental_compile`` arguments.
-
-        Returns:
-            cgraph's compiled graph (see ``cgraph.compile``).
-
-        Raises:
-            cgraph.CompileError: the DAG cannot be compiled (the message says why).
-        """
-        return compile_with_ray_options(self, *args, **kwargs)
-
-
-class InputNode(_CompiledByCGraph, _RayInputNode):
-    """Ray's ``InputNode``; a DAG built on it compiles with cgraph."""
-
-    _cgraph_input = True  # read by adapter.uses_cgraph_input
-
-    def _copy_impl(self, new_args: Any, new_kwargs: Any, new_options: Any, new_other: Any) -> InputNode:
-        return InputNode(_other_args_to_resolve=new_other)
-
-
-class MultiOutputNode(_CompiledByCGraph, _RayMultiOutputNode):
-    """Ray's ``MultiOutputNode``; ``experimental_compile`` compiles with cgraph."""
-
-    def _copy_impl(self, new_args: Any, new_kwargs: Any, new_options: Any, new_other: Any) -> MultiOutputNode:
-        return MultiOutputNode(new_args, new_other)
-
-
-def install_ray_hooks() -> None:
-    """Two additive, idempotent changes to Ray's ``DAGNode`` class (run on import of cgraph.dag).
-
-    1. ``experimental_compile`` is wrapped: a DAG that reads cgraph's ``InputNode``
-       goes to cgraph (``compile_with_ray_options``); any other DAG goes to Ray's
-       original method with the same arguments, so plain Ray DAGs are unaffected.
-    2. ``with_type_hint(hint)`` is added where Ray lacks it (Ray 2.60 does), so Ray
-       examples that call it run; it is ``cgraph.with_type_hint``.
-    """
-    from cgraph.dag.adapter import uses_cgraph_input
-
-    original = DAGNode.experimental_compile
-    if not getattr(original, "_cgraph_dispatch", False):
-
-        def experimental_compile(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if uses_cgraph_input(self):
-                return compile_with_ray_options(self, *args, **kwargs)
-            return original(self, *args, **kwargs)
-
-        experimental_compile.__doc__ = original.__doc__
-        experimental_compile.__wrapped__ = original  # type: ignore[attr-defined]
-        experimental_compile._cgraph_dispatch = True  # type: ignore[attr-defined]
-        DAGNode.experimental_compile = experimental_compile  # type: ignore[method-assign]
-    if not hasattr(DAGNode, "with_type_hint"):
-        DAGNode.with_type_hint = with_type_hint  # type: ignore[attr-defined]

@@ -57,11 +57,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cgraph.channels.communicator import view_receiver
 from cgraph.channels.serialization import has_cuda, on_base, pickler_base
+from cgraph.comm.communicator import view_receiver
+from cgraph.comm.streams import streams_of
 from cgraph.errors import RuntimeGraphError
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.runtime.streams import streams_of
 
 Spec = tuple[tuple[int, ...], Any]  # (shape, torch dtype) of one tensor
 Origin = Callable[[Exception], ErrorValue]  # wraps a protocol error as the producer's error

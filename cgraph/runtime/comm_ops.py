@@ -1,7 +1,7 @@
 """SEND, RECV and COLLECTIVE in the actor loop, inline or overlapped with compute.
 
 The handlers move values through the actor's communicators (opened on the
-first communicator op from ``ActorProgram.extra["comm"]``, see
+first communicator op from ``ActorProgram.comm``, see
 ``communicators``) with the protocol of ``comm_channel``. Where an op runs
 depends on its stream, which the overlap pass sets:
 
@@ -48,11 +48,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cgraph.comm.streams import Body, InlineStreams, streams_of
 from cgraph.errors import ChannelClosedError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, encode
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, GroupEndpoint, open_group
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.runtime.streams import Body, InlineStreams, streams_of
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -60,7 +60,8 @@ class CommState:
     """One actor loop's communicators, channel ends and comm thread."""
 
     def __init__(self, ctx: Any) -> None:
-        program: CommProgram = ctx.program.extra["comm"]
+        program = ctx.program.comm
+        assert program is not None  # checked by comm_state()
         self.ctx = ctx
         self.program = program
         self.comms: dict[str, Any] = {}
@@ -163,14 +164,14 @@ def last_link_reads(ops: tuple[Op, ...], program: CommProgram) -> set[tuple[str,
 
 
 def comm_state(ctx: Any) -> CommState:
-    state = ctx.extra.get("comm")
+    state = ctx.comm_state
     if state is None:
-        if "comm" not in ctx.program.extra:
+        if ctx.program.comm is None:
             raise RuntimeGraphError(
                 f"actor {ctx.program.label} has communicator ops but no communicator set-up "
-                "(ActorProgram.extra['comm'] is missing: a cgraph bug)"
+                "(ActorProgram.comm is missing: a cgraph bug)"
             )
-        state = ctx.extra["comm"] = CommState(ctx)
+        state = ctx.comm_state = CommState(ctx)
     return state  # type: ignore[no-any-return]
 
 

@@ -10,12 +10,13 @@ collective whose members differ gets a group of its own. The driver makes
 what each kind of group needs (``GROUP_KINDS``), plus one side channel per COMM
 channel (shared memory on the driver's node, a socket when an end lives on
 another node; likewise the watchers' flags), and ships each actor a ``CommProgram`` in
-``ActorProgram.extra["comm"]``; the actor opens its communicators on its first
+``ActorProgram.comm``; the actor opens its communicators on its first
 communicator op (``comm_ops``).
 
     kind      made on the driver                     opened in the actor          abort
     cpu       one shm link per ordered rank pair     CpuCommunicator(links)       links closed
-    nccl      a key store actor (ray_store)          ProcessGroupNCCL via store   watcher thread
+    gloo      a key store actor (ray_store)          ProcessGroupCommunicator     watcher thread
+    nccl      a key store actor (ray_store)          ProcessGroupCommunicator     watcher thread
     cuda_ipc  data + ack shm links                   CudaIpcCommunicator(links)   links closed
     custom    the user's object, checked, pickled    obj.initialize(rank, n, id)  watcher thread
 
@@ -33,15 +34,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cgraph.channels.communicator import Communicator, missing_methods
 from cgraph.channels.shm_channel import ShmChannel
+from cgraph.comm.communicator import Communicator, missing_methods
 from cgraph.errors import CompileError, TransportError
 from cgraph.ir import Graph, NodeKind, Ref, TensorHint
 from cgraph.runtime.endpoints import node_channel
 from cgraph.runtime.gpu_placement import bind_assigned_gpu, plan_gpu_kind
 from cgraph.runtime.options import CompileOptions
+from cgraph.scheduler.channels import ChannelKind, ChannelPlan
+
+if TYPE_CHECKING:
+    from cgraph.dag import FrontEnd
+    from cgraph.scheduler import Planned
 
 SIDE_BUFFER = 4096
 """First slot size of a side channel (metadata is small; a larger item grows it once)."""
@@ -85,7 +91,7 @@ class CollectiveEndpoint:
 
 @dataclass(frozen=True)
 class CommProgram:
-    """``ActorProgram.extra["comm"]``: the actor's groups and communicator ops."""
+    """``ActorProgram.comm``: the actor's groups and communicator ops."""
 
     groups: dict[str, GroupEndpoint]
     sends: dict[tuple[str, str], EdgeEndpoint]  # (node, reader actor)
@@ -105,9 +111,9 @@ class CommResources:
     # the graph's get_timeout, since a get gives up then anyway; None: the rendezvous default
     rendezvous_timeout_s: float | None = None
 
-    def extra(self, actor: str) -> dict[str, Any]:
-        """The ``ActorProgram.extra`` entries of ``actor`` (none if it has no communicator op)."""
-        return {"comm": self.programs[actor]} if actor in self.programs else {}
+    def program_of(self, actor: str) -> CommProgram | None:
+        """``ActorProgram.comm`` of ``actor`` (None if it has no communicator op)."""
+        return self.programs.get(actor)
 
     def close(self) -> None:
         for channel in self.channels:
@@ -126,7 +132,7 @@ class CommResources:
 
 # --------------------------------------------------------------------------- kinds
 def _make_cpu(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    from cgraph.channels.cpu_communicator import create_links
+    from cgraph.comm.cpu_mesh import create_links
 
     channels, ends = create_links(tag, name, n)
     res.channels += channels
@@ -134,18 +140,18 @@ def _make_cpu(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list
 
 
 def _make_ipc(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    from cgraph.channels.cuda_ipc import create_ipc_links
+    from cgraph.comm.cuda_ipc import create_ipc_links
 
     channels, ends = create_ipc_links(tag, name, n)
     res.channels += channels
     return list(ends)
 
 
-def _make_nccl(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    from cgraph.channels.nccl_communicator import NcclRendezvous
+def _make_store(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
+    from cgraph.comm.process_group import StoreRendezvous
 
     prefix, timeout = f"cgraph/{tag}/{name}", res.rendezvous_timeout_s
-    rendezvous, store = NcclRendezvous.create(prefix) if timeout is None else NcclRendezvous.create(prefix, timeout)
+    rendezvous, store = StoreRendezvous.create(prefix) if timeout is None else StoreRendezvous.create(prefix, timeout)
     res.keep_alive.append(store)
     return [rendezvous] * n
 
@@ -155,23 +161,29 @@ def _make_custom(res: CommResources, tag: str, name: str, n: int, obj: Any) -> l
 
 
 def _open_cpu(g: GroupEndpoint) -> Communicator:
-    from cgraph.channels.cpu_communicator import CpuCommunicator
+    from cgraph.comm.cpu_mesh import CpuCommunicator
 
     return CpuCommunicator(g.payload)
 
 
 def _open_ipc(g: GroupEndpoint) -> Communicator:
-    from cgraph.channels.cuda_ipc import CudaIpcCommunicator
+    from cgraph.comm.cuda_ipc import CudaIpcCommunicator
 
     bind_assigned_gpu()
     return CudaIpcCommunicator(g.payload)
 
 
 def _open_nccl(g: GroupEndpoint) -> Communicator:
-    from cgraph.channels.nccl_communicator import NcclCommunicator
+    from cgraph.comm.process_group import ProcessGroupCommunicator
 
     bind_assigned_gpu()
-    return NcclCommunicator(g.payload, g.rank, g.world_size)
+    return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "nccl")
+
+
+def _open_gloo(g: GroupEndpoint) -> Communicator:
+    from cgraph.comm.process_group import ProcessGroupCommunicator
+
+    return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "gloo")
 
 
 def _open_custom(g: GroupEndpoint) -> Communicator:
@@ -189,7 +201,8 @@ class GroupKind:
 
 GROUP_KINDS: dict[str, GroupKind] = {
     "cpu": GroupKind(_make_cpu, _open_cpu, watch=False),
-    "nccl": GroupKind(_make_nccl, _open_nccl, watch=True),
+    "gloo": GroupKind(_make_store, _open_gloo, watch=True),
+    "nccl": GroupKind(_make_store, _open_nccl, watch=True),
     "cuda_ipc": GroupKind(_make_ipc, _open_ipc, watch=False),
     "custom": GroupKind(_make_custom, _open_custom, watch=True),
 }
@@ -211,12 +224,12 @@ class _Group:
     obj: Any = None
 
 
-def plan_groups(graph: Graph, plan: Any, default: str | None) -> tuple[dict[str, _Group], dict[str, str]]:
+def plan_groups(graph: Graph, plan: ChannelPlan, default: str | None) -> tuple[dict[str, _Group], dict[str, str]]:
     """The groups of a graph, and the group of each collective node."""
     order = {a.id: i for i, a in enumerate(graph.actors)}
     by_transport: dict[str, set[str]] = {}
     for spec in plan.channels:
-        if spec.kind.name == "COMM":
+        if spec.kind is ChannelKind.COMM:
             by_transport.setdefault(spec.transport, set()).update((spec.writer, *spec.readers))
     groups = {t: _Group(t, t, tuple(sorted(m, key=order.__getitem__))) for t, m in by_transport.items()}
     of_collective: dict[str, str] = {}
@@ -244,14 +257,14 @@ def _collective_transport(graph: Graph, node: Any, default: str | None) -> str:
         where = ", ".join(f"{a.id}@{a.host}" for a in members)
         raise TransportError(f"collective {node.id} ({node.method}) spans hosts ({where}) without GPUs on all: "
                              "the CPU communicator joins one host's actors; give every member a GPU, put them "
-                             "on one host, or compile with default_communicator=<a communicator object>")
+                             "on one host, or compile with default_communicator=\"gloo\" (or a communicator object)")
     return default if default is not None else "cpu"
 
 
 def _resolve_kind(group: _Group, communicators: Mapping[str, Any], handles: Mapping[str, Any]) -> None:
     t = group.transport
-    if t == "cpu":
-        group.kind = "cpu"
+    if t in ("cpu", "gloo"):
+        group.kind = t
     elif t == "nccl":
         group.kind = plan_gpu_kind(group.members, handles)
     elif t.startswith("custom:") and t in communicators:
@@ -260,7 +273,7 @@ def _resolve_kind(group: _Group, communicators: Mapping[str, Any], handles: Mapp
     else:
         raise CompileError(
             f"unknown communicator {t!r} for actors {', '.join(group.members)}; use "
-            "'nccl', 'cpu' (default_communicator=\"cpu\") or a communicator object"
+            "'nccl', 'gloo' or 'cpu' (default_communicator=\"gloo\"|\"cpu\") or a communicator object"
         )
 
 
@@ -269,7 +282,7 @@ def _check_custom(name: str, obj: Any) -> None:
     if missing:
         raise CompileError(
             f"communicator {name} ({type(obj).__name__}) lacks {', '.join(missing)}; subclass "
-            "cgraph.channels.communicator.Communicator and implement initialize, rank, "
+            "cgraph.Communicator and implement initialize, rank, "
             "world_size, send and recv"
         )
     import ray.cloudpickle as cloudpickle
@@ -285,7 +298,7 @@ def _check_custom(name: str, obj: Any) -> None:
 
 
 # --------------------------------------------------------------------------- setup
-def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOptions,
+def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: CompileOptions,
                         sockets: dict[str, Any] | None = None) -> CommResources:
     """Make every group and side channel of a planned graph (on the driver).
 
@@ -317,7 +330,7 @@ def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOpti
             for actor, endpoint in _make_group(res, tag, group, hosts).items():
                 _program_of(programs, actor).groups[group.name] = endpoint
         for spec in planned.plan.channels:
-            if spec.kind.name == "COMM":
+            if spec.kind is ChannelKind.COMM:
                 _add_edge(res, programs, graph, groups[spec.transport], spec, tag, options)
         for node_id, name in of_collective.items():
             _add_collective(programs, graph, graph.node(node_id), groups[name])
@@ -328,7 +341,7 @@ def setup_communicators(front: Any, planned: Any, tag: str, options: CompileOpti
     return res
 
 
-def _default_name(front: Any, options: CompileOptions) -> str | None:
+def _default_name(front: FrontEnd, options: CompileOptions) -> str | None:
     default = options.default_communicator
     if default is None or isinstance(default, str):
         return default
@@ -347,8 +360,9 @@ def _check_local(group: _Group, hosts: Mapping[str, str]) -> None:
     if group.kind in ("cpu", "cuda_ipc") and remote:
         raise TransportError(
             f"the {group.kind} communicator of actors {', '.join(group.members)} joins actors on the "
-            f"driver's node, but {', '.join(remote)} live on another node; give the actors GPUs "
-            "(NCCL crosses nodes), pass a communicator object that does, or place them on this node"
+            f"driver's node, but {', '.join(remote)} live on another node; compile with "
+            'default_communicator="gloo" (torch\'s gloo crosses nodes), give the actors GPUs (NCCL '
+            "does too), pass a communicator object that does, or place them on this node"
         )
 
 

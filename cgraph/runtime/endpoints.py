@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
 from cgraph.channels.relay import RelayHandle
@@ -22,6 +22,10 @@ from cgraph.errors import CompileError
 from cgraph.ir import DRIVER
 from cgraph.runtime.node_channels import RemoteShm
 from cgraph.runtime.options import CompileOptions
+from cgraph.scheduler.channels import ChannelKind
+
+if TYPE_CHECKING:
+    from cgraph.scheduler import Planned
 
 
 class _ChannelResource:
@@ -145,7 +149,7 @@ class _SocketResource(_ChannelResource):
             self.landing.unlink()
 
 
-def remote_segments(planned: Any) -> dict[str, list[tuple[str, int]]]:
+def remote_segments(planned: Planned) -> dict[str, list[tuple[str, int]]]:
     """The shared-memory channels another node must make, by node: ``[(id, readers)]``."""
     graph, wanted = planned.graph, dict[str, list[tuple[str, int]]]()
 
@@ -153,9 +157,9 @@ def remote_segments(planned: Any) -> dict[str, list[tuple[str, int]]]:
         return "" if actor == DRIVER else graph.actor(actor).host
 
     for spec in planned.plan.channels:
-        if spec.kind.name == "SHM" and host(spec.writer):
+        if spec.kind is ChannelKind.SHM and host(spec.writer):
             wanted.setdefault(host(spec.writer), []).append((spec.id, len(spec.readers)))
-        elif spec.kind.name == "CROSS_NODE" and len(spec.readers) > 1 and host(spec.readers[0]):
+        elif spec.kind is ChannelKind.CROSS_NODE and len(spec.readers) > 1 and host(spec.readers[0]):
             wanted.setdefault(host(spec.readers[0]), []).append((f"{spec.id}.relay",
                                                                   len(spec.readers)))
     return wanted

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -40,6 +40,10 @@ from cgraph.runtime.node_channels import NodeWatch, RemoteSegments, make_remote
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
 from cgraph.scheduler.ops import OpKind
+
+if TYPE_CHECKING:
+    from cgraph.dag import FrontEnd
+    from cgraph.scheduler import Planned
 
 _ACTORS_IN_USE: dict[str, int] = {}  # Ray actor id -> compiled graph id
 
@@ -75,7 +79,7 @@ def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
     return tuple(spec)
 
 
-def _allocate(planned: Any, handles: dict[str, Any], tag: str, options: CompileOptions,
+def _allocate(planned: Planned, handles: dict[str, Any], tag: str, options: CompileOptions,
               secret: bytes, resources: dict[str, Any], use_tls: bool) -> None:
     """Make every channel into ``resources`` (also when one fails, so all can be freed):
     other nodes' shared memory first, through one actor of each (its *agent*)."""
@@ -93,16 +97,16 @@ def _allocate(planned: Any, handles: dict[str, Any], tag: str, options: CompileO
 
 def _node_watch(actor: str, program: ActorProgram, tag: str, secret: bytes,
                 resources: dict[str, Any], use_tls: bool) -> dict[str, Any]:
-    """``extra`` for an actor off the driver's node that uses its node's shared memory: a
-    channel the driver closes to close them (teardown, a failure) and their names."""
+    """For an actor off the driver's node that uses its node's shared memory: a channel
+    the driver closes to close them (teardown, a failure) and their names; else None."""
     handles = [*program.readers.values(), *(h for hs in program.writers.values() for h in hs)]
     names = sorted({h.name for h in handles if isinstance(h, ShmHandle)}
                    | {h.shm_reader.name for h in handles if isinstance(h, RelayHandle)})
     if not names:
-        return {}
+        return None
     watch = socket_channel(tag, f"{actor}.watch", 1, secret=secret, tls=use_tls)
     resources[f"{tag}.{actor}.watch"] = watch
-    return {"node": NodeWatch(watch.reader_handle(), tuple(names))}
+    return NodeWatch(watch.reader_handle(), tuple(names))
 
 
 def _describe(graph: Graph, role: str, actor: str) -> str:
@@ -114,7 +118,7 @@ def _describe(graph: Graph, role: str, actor: str) -> str:
     return f"{role} {found.id} ({found.cls}) on {where}"
 
 
-def _program(actor: str, label: str, planned: Any, resources: dict[str, Any], tag: str) -> ActorProgram:
+def _program(actor: str, label: str, planned: Planned, resources: dict[str, Any], tag: str) -> ActorProgram:
     graph, plan = planned.graph, planned.plan
     readers: dict[str, Any] = {}
     writers: dict[str, tuple[Any, ...]] = {}
@@ -142,7 +146,7 @@ def _program(actor: str, label: str, planned: Any, resources: dict[str, Any], ta
     )
 
 
-def _driver_endpoints(planned: Any, resources: dict[str, Any]) -> DriverEndpoints:
+def _driver_endpoints(planned: Planned, resources: dict[str, Any]) -> DriverEndpoints:
     graph, plan = planned.graph, planned.plan
     inp = graph.input_node()
     writer = None
@@ -172,7 +176,7 @@ def _start_loops(handles: dict[str, Any], programs: dict[str, Any], tag: str) ->
     }
 
 
-def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
+def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> CompiledGraph:
     """Allocate channels, start the actor loops, and return the driver's graph object."""
     graph: Graph = planned.graph
     handles = front.handles
@@ -196,9 +200,9 @@ def launch(front: Any, planned: Any, options: CompileOptions) -> CompiledGraph:
         programs = {}
         for a in planned.schedule:
             program = _program(a, labels[a], planned, resources, tag)
-            node = _node_watch(a, program, tag, secret, resources, use_tls) if a not in local else {}
-            programs[a] = replace(program, extra={**comm.extra(a), **node,
-                                                  "cpu_affinity": cpus if a in local else None})
+            watch = _node_watch(a, program, tag, secret, resources, use_tls) if a not in local else None
+            programs[a] = replace(program, comm=comm.program_of(a), node_watch=watch,
+                                  cpu_affinity=cpus if a in local else None)
         endpoints = _driver_endpoints(planned, resources)
     except Exception:
         for res in resources.values():
@@ -245,7 +249,7 @@ def _check_free(keys: dict[str, str]) -> None:
 LOCATE_TIMEOUT_S = 60.0
 
 
-def locate_actors(front: Any) -> Graph:
+def locate_actors(front: FrontEnd) -> Graph:
     """The front end's graph with ``Actor.host`` filled in ("" = the driver's node).
 
     Raises:

@@ -41,7 +41,7 @@ MAKE_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class NodeWatch:
-    """``ActorProgram.extra["node"]``: the node channels an actor off the driver's node uses."""
+    """``ActorProgram.node_watch``: the node channels an actor off the driver's node uses."""
 
     watch: Any  # a socket channel's handle; the driver closes the channel to close them all
     segments: tuple[str, ...]  # their names, unlinked when the actor's loop ends

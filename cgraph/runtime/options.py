@@ -8,6 +8,39 @@ from typing import Any
 
 @dataclass(frozen=True)
 class CompileOptions:
+    """The options of ``cgraph.compile`` (Ray Compiled Graphs' names, without Ray's underscores).
+
+    Attributes:
+        overlap_gpu_communication: reorder communicator receives to overlap compute.
+        max_inflight_executions: executions submitted whose results the driver
+            has not yet taken from the graph's output channels, at most (one
+            more raises ``CapacityError``).
+        buffer_size_bytes: initial size of each shared-memory slot (grows once
+            when a larger value comes).
+        submit_timeout: seconds ``execute`` may wait for room (``None`` or
+            negative: forever).
+        get_timeout: default seconds ``get`` waits (``None`` or negative: forever).
+        enable_asyncio: prepare ``execute_async``.
+        default_communicator: a name or communicator object for communicator
+            edges the actors cannot serve themselves: ``"cpu"`` (shared-memory
+            links, actors on the driver's node), ``"gloo"`` (torch's gloo, any
+            nodes), ``"nccl"``, or an object (a ``cgraph.comm.Communicator``).
+        cpu_affinity: ``None`` (default: the OS places every process),
+            ``"colocate"`` (pin the driver's calling thread and the loops of the
+            actors on its node to one CPU while the graph lives: lowest latency
+            for small latency-bound graphs, methods run one at a time), or a set
+            of CPU ids. Restored at teardown.
+        max_buffered_results: results taken from the output channels but not
+            yet read by their refs (a later execution was read first), at most;
+            a get() that would buffer one more raises ``CapacityError``.
+        max_value_bytes: the largest value an edge between nodes carries (16 GiB); a
+            larger one is that execution's error at the sender, and a frame that
+            announces more is refused before memory is allocated.
+        tls: run TLS on every socket of the graph (certificates from each process's
+            ``CGRAPH_TLS_CERT``/``_KEY``/``_CA``, else Ray's ``RAY_TLS_*``); None (the
+            default): on when ``CGRAPH_TLS=1`` or ``RAY_USE_TLS=1``.
+    """
+
     overlap_gpu_communication: bool = False
     max_inflight_executions: int = 10
     max_buffered_results: int = 1000

@@ -15,11 +15,15 @@ Argument specs are tuples, resolved once on the driver:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from cgraph.ir import Const, Graph, Node, NodeKind, Ref
 from cgraph.scheduler.ops import Op
+
+if TYPE_CHECKING:
+    from cgraph.runtime.communicators import CommProgram
+    from cgraph.runtime.node_channels import NodeWatch
 
 ARG_VALUE = 0
 ARG_CONST = 1
@@ -48,7 +52,9 @@ class ActorProgram:
     readers: dict[str, Any]  # node -> reader endpoint handle
     writers: dict[str, tuple[Any, ...]]  # node -> writer endpoint handles
     input_node: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    comm: CommProgram | None = None  # its communicator groups and ops, if it has any
+    node_watch: NodeWatch | None = None  # off the driver's node: what closes that node's channels
+    cpu_affinity: Any = None  # CPUs to pin the loop thread to (runtime/affinity.py), or None
 
 
 def _arg_spec(arg: Ref | Const, graph: Graph) -> ArgSpec:

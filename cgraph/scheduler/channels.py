@@ -322,7 +322,8 @@ def _no_gpu_error(graph: Graph, values: ValueMap, value: NodeId, reader: ActorId
         f"{format_node(graph.node(value))}\n{format_node(graph.node(consumer))}",
         "NCCL moves tensors between GPUs, so both actors need one",
         'use with_tensor_transport(transport="shm") or transport="auto" for this edge, '
-        'give both actors num_gpus=1, or compile with a CPU communicator (default_communicator="cpu")',
+        'give both actors num_gpus=1, or compile with a CPU communicator (default_communicator="gloo", '
+        'or "cpu" for actors on the driver\'s node)',
     ))
 
 

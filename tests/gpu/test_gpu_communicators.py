@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 def _ipc_rank(ends, queue) -> None:  # type: ignore[no-untyped-def]
     try:
-        from cgraph.channels.cuda_ipc import CudaIpcCommunicator
+        from cgraph.comm.cuda_ipc import CudaIpcCommunicator
 
         torch.cuda.set_device(0)
         comm = CudaIpcCommunicator(ends)
@@ -33,7 +33,7 @@ def _ipc_rank(ends, queue) -> None:  # type: ignore[no-untyped-def]
 
 def _nccl_rank(rendezvous, rank):  # type: ignore[no-untyped-def]
     """In a Ray task holding one GPU (Ray makes it device 0 there)."""
-    from cgraph.channels.nccl_communicator import NcclCommunicator
+    from cgraph.comm.process_group import NcclCommunicator
 
     try:
         comm = NcclCommunicator(rendezvous, rank, 2)
@@ -96,7 +96,7 @@ def _collect(procs, queue) -> dict[int, object]:  # type: ignore[no-untyped-def]
 
 
 def test_cuda_ipc_between_two_processes_on_one_gpu() -> None:
-    from cgraph.channels.cuda_ipc import create_ipc_links
+    from cgraph.comm.cuda_ipc import create_ipc_links
 
     channels, ends = create_ipc_links(uuid.uuid4().hex[:8], "ipc", 2)
     mp = multiprocessing.get_context("spawn")
@@ -113,7 +113,7 @@ def test_cuda_ipc_between_two_processes_on_one_gpu() -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs")
 def test_nccl_between_two_gpus(ray_session) -> None:  # type: ignore[no-untyped-def]
     ray = ray_session
-    from cgraph.channels.nccl_communicator import NcclRendezvous
+    from cgraph.comm.process_group import NcclRendezvous
 
     assert ray.cluster_resources().get("GPU", 0) >= 2, "the session's Ray should have every GPU of this machine"
     rendezvous, store = NcclRendezvous.create(f"test/{uuid.uuid4().hex[:8]}", timeout_s=60)

@@ -15,10 +15,10 @@ import ray
 import torch
 
 import cgraph.collective as col
-from cgraph.collective import algorithms
 from cgraph.collective.backends import BACKENDS
 from cgraph.collective.tensor_views import CONVERT
-from cgraph.collective.types import ReduceOp
+from cgraph.comm import algorithms
+from cgraph.comm.types import ReduceOp
 from tests.ray.collective_helpers import (  # noqa: F401 - no_group_segments is an autouse fixture
     Member,
     destroy_everywhere,
@@ -298,9 +298,9 @@ def test_every_backend_and_tensor_pair_has_a_row():
 
 def test_calibration_follows_the_measurements_where_the_shared_model_cannot():
     """On few cores star beats ring although every term of its model is larger."""
-    from cgraph.collective import cost_model
     from cgraph.collective.autotune import Calibration
-    from cgraph.collective.cost_model import CostParams, Sample
+    from cgraph.comm import cost_model
+    from cgraph.comm.cost_model import CostParams, Sample
 
     truth = CostParams(alpha=1e-4, beta=1e-10, gamma=3e-10)
     slowdown = {"star": 0.1}  # measured / model on this made-up host; 1.5 for the others

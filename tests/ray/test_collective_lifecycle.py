@@ -178,7 +178,7 @@ def test_any_failure_inside_a_call_wakes_the_other_ranks(members):
     name = fresh("boom")
 
     def call(rank):
-        from cgraph.collective import algorithms
+        from cgraph.comm import algorithms
 
         star = algorithms.ALGORITHMS["star"]
 

@@ -103,11 +103,11 @@ def _gloo_over(rendezvous_record, rank):
 
 @needs_gloo
 def test_a_compiled_graphs_nccl_rendezvous_rides_on_a_store_actor(members):
-    from cgraph.runtime.communicators import CommResources, _make_nccl
+    from cgraph.runtime.communicators import CommResources, _make_store
 
     res = CommResources()
     before = tcp_listeners(os.getpid())
-    payloads = _make_nccl(res, f"t{uuid.uuid4().hex[:6]}", "nccl", 2, None)
+    payloads = _make_store(res, f"t{uuid.uuid4().hex[:6]}", "nccl", 2, None)
     try:
         made = tcp_listeners(os.getpid()) - before
         assert made == set(), f"the driver opened listeners {made} for the rendezvous"
@@ -123,7 +123,7 @@ def test_a_compiled_graphs_nccl_rendezvous_rides_on_a_store_actor(members):
 
 
 def test_the_store_client_over_a_real_actor(ray_session):
-    from cgraph.collective.ray_store import connect_store, start_store_actor
+    from cgraph.comm.ray_store import connect_store, start_store_actor
 
     actor = start_store_actor()
     store = connect_store(actor, 0.5).prefixed("p")

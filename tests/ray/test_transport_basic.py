@@ -1,7 +1,8 @@
 """Tensors over communicator edges, through cgraph.compile on a local CPU Ray cluster.
 
-"nccl" hints between CPU actors run on the CPU communicator
-(``default_communicator="cpu"``). Four actors are started once for this file
+"nccl" hints between CPU actors run on a CPU communicator: every test runs on
+both, the shared-memory mesh (``default_communicator="cpu"``) and torch's gloo
+process group (``"gloo"``: the code the NCCL communicator runs). Four actors are started once for this file
 (``pool``) and reused: each test compiles, runs, and tears down.
 
     chain    a ══► b ══► c ─► driver        ══ communicator edge
@@ -100,8 +101,18 @@ def pool(ray_session):
     return list(_POOL)
 
 
+@pytest.fixture(params=["cpu", "gloo"], autouse=True)
+def communicator(request: Any) -> str:
+    """The CPU communicator under test (every test of this module runs on both)."""
+    _CHOSEN[:] = [request.param]
+    return str(request.param)
+
+
+_CHOSEN = ["cpu"]
+
+
 def run(dag: Any, inputs: list[Any], **options: Any) -> list[Any]:
-    options.setdefault("default_communicator", "cpu")
+    options.setdefault("default_communicator", _CHOSEN[0])
     compiled = cgraph.compile(dag, **options)
     try:
         return [compiled.execute(x).get(timeout=60) for x in inputs]
@@ -171,7 +182,7 @@ def test_user_errors_travel_through_a_communicator_edge(pool) -> None:
     a, b, *_ = pool
     with InputNode() as inp:
         dag = b.total.bind(nccl(a.fail_if.bind(inp), _static_shape=True, _direct_return=True))
-    compiled = cgraph.compile(dag, default_communicator="cpu")
+    compiled = cgraph.compile(dag, default_communicator=_CHOSEN[0])
     try:
         assert compiled.execute(1).get(timeout=60) == 2.0
         with pytest.raises(ValueError, match="bad input -1") as info:
@@ -188,7 +199,7 @@ def test_direct_return_and_static_shape_errors_name_the_node_and_shapes(pool) ->
         x = nccl(a.not_a_tensor.bind(inp), _direct_return=True)
         y = nccl(a.sized.bind(inp), _static_shape=True)
         dag = MultiOutputNode([b.total.bind(x), b.total.bind(y)])
-    compiled = cgraph.compile(dag, default_communicator="cpu")
+    compiled = cgraph.compile(dag, default_communicator=_CHOSEN[0])
     try:
         assert compiled.execute(3).get(timeout=60) == [6.0, 3.0]
         with pytest.raises(TypeError, match=r"node n\d was declared _direct_return=True.*returned int"):

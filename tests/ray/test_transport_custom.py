@@ -21,7 +21,7 @@ import torch
 from ray.dag import InputNode, MultiOutputNode
 
 import cgraph
-from cgraph.channels.communicator import Communicator
+from cgraph.comm.communicator import Communicator
 from tests.ray.test_transport_basic import pool  # noqa: F401 - the shared actors
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

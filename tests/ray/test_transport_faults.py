@@ -24,13 +24,14 @@ from tests.ray.test_transport_basic import TensorWorker, pool  # noqa: F401 - th
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
-def test_a_peer_dying_mid_execution_raises_actor_died_without_a_hang(ray_session) -> None:
+@pytest.mark.parametrize("communicator", ["cpu", "gloo"])
+def test_a_peer_dying_mid_execution_raises_actor_died_without_a_hang(ray_session, communicator: str) -> None:
     a, b = TensorWorker.remote(), TensorWorker.remote()
     try:
         with InputNode() as inp:
             x = a.die_if.bind(inp).with_tensor_transport(transport="nccl", _static_shape=True, _direct_return=True)
             dag = b.total.bind(x)
-        compiled = cgraph.compile(dag, default_communicator="cpu", overlap_gpu_communication=True)
+        compiled = cgraph.compile(dag, default_communicator=communicator, overlap_gpu_communication=True)
         assert compiled.execute(1).get(timeout=60) == 2.0
         start = time.monotonic()
         ref = compiled.execute(-1)

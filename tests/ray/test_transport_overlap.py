@@ -54,8 +54,8 @@ def observe(ref: Any) -> Any:
     return [total, {"a": described["a"][0], "plain": described["plain"]}, doubled.tolist(), other]
 
 
-def run_all(actors: list[Any], inputs: list[tuple[int, int]], overlap: bool) -> list[Any]:
-    compiled = cgraph.compile(build(actors), default_communicator="cpu", overlap_gpu_communication=overlap,
+def run_all(actors: list[Any], inputs: list[tuple[int, int]], overlap: bool, communicator: str = "cpu") -> list[Any]:
+    compiled = cgraph.compile(build(actors), default_communicator=communicator, overlap_gpu_communication=overlap,
                               max_inflight_executions=4)
     if overlap:
         assert "@comm" in format_schedule(compiled.schedule)
@@ -69,11 +69,12 @@ def run_all(actors: list[Any], inputs: list[tuple[int, int]], overlap: bool) -> 
     return out
 
 
-def test_identical_results_with_and_without_overlap(pool) -> None:  # noqa: F811
+@pytest.mark.parametrize("communicator", ["cpu", "gloo"])
+def test_identical_results_with_and_without_overlap(pool, communicator: str) -> None:  # noqa: F811
     rng = random.Random(20240601)
     inputs = [(rng.choice([-1, 0, 1, 2, 3, 7]), rng.randint(1, 6)) for _ in range(EXECUTIONS)]
-    plain = run_all(pool, inputs, overlap=False)
-    overlapped = run_all(pool, inputs, overlap=True)
+    plain = run_all(pool, inputs, overlap=False, communicator=communicator)
+    overlapped = run_all(pool, inputs, overlap=True, communicator=communicator)
     assert overlapped == plain
     assert plain == [expected(v, n) for v, n in inputs]
     assert sum(1 for r in plain if r[0] == "error") > 10  # errors were exercised too
@@ -94,15 +95,17 @@ return [n6, n5]
 """
 
 
+@pytest.mark.parametrize("communicator", ["cpu", "gloo"])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_collective_node_on_actors(pool, overlap: bool) -> None:  # noqa: F811
-    """A COLLECTIVE node through launch (the front end does not make them yet)."""
+def test_collective_node_on_actors(pool, overlap: bool, communicator: str) -> None:  # noqa: F811
+    """A COLLECTIVE node through launch, on the shared-memory mesh and on gloo."""
     graph = parse_graph(COLLECTIVE)
-    planned = plan_schedule(graph, overlap=overlap, default_communicator="cpu")
+    planned = plan_schedule(graph, overlap=overlap, default_communicator=communicator)
     front = type("Front", (), {})()
     front.graph, front.handles = graph, MappingProxyType(dict(zip("abc", pool, strict=False)))
     front.communicators = MappingProxyType({})
-    compiled = launch(front, planned, CompileOptions(overlap_gpu_communication=overlap, default_communicator="cpu"))
+    compiled = launch(front, planned, CompileOptions(overlap_gpu_communication=overlap,
+                                                     default_communicator=communicator))
     try:
         total, reduced = compiled.execute(3).get(timeout=60)
         assert total == 12.0 and reduced.tolist() == [6.0, 6.0]

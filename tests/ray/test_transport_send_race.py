@@ -70,14 +70,15 @@ def build(p: Any, q: Any, through: str) -> Any:
         return MultiOutputNode([q.spread.bind(x), bump])
 
 
+@pytest.mark.parametrize("communicator", ["cpu", "gloo"])
 @pytest.mark.parametrize("through", ["arg", "self"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_sent_tensor_is_not_written_before_the_send_completed(
-    pair: Any, through: str, overlap: bool
+    pair: Any, through: str, overlap: bool, communicator: str
 ) -> None:
     p, q = pair
     compiled = cgraph.compile(
-        build(p, q, through), default_communicator="cpu", overlap_gpu_communication=overlap
+        build(p, q, through), default_communicator=communicator, overlap_gpu_communication=overlap
     )
     try:
         if overlap:

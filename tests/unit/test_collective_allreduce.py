@@ -24,9 +24,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cgraph.collective.algorithms import ALGORITHMS, allreduce
-from cgraph.collective.transport import LocalTransport, run_ranks
-from cgraph.collective.types import UFUNC, ReduceOp
+from cgraph.comm.algorithms import ALGORITHMS, allreduce
+from cgraph.comm.transport import LocalTransport, run_ranks
+from cgraph.comm.types import UFUNC, ReduceOp
 
 OPS = tuple(ReduceOp)
 DTYPES = (np.float32, np.float64, np.int64)
@@ -189,7 +189,7 @@ def test_every_op_has_a_ufunc_a_torch_function_and_a_torch_distributed_op() -> N
     import torch
     import torch.distributed as dist
 
-    from cgraph.collective.types import TORCH_FN, dist_op
+    from cgraph.comm.types import TORCH_FN, dist_op
 
     assert set(UFUNC) == set(TORCH_FN) == set(ReduceOp)
     for op in ReduceOp:

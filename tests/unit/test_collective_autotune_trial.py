@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cgraph.collective import autotune, cost_model
-from cgraph.collective.transport import LocalTransport, run_ranks
+from cgraph.collective import autotune
+from cgraph.comm import cost_model
+from cgraph.comm.transport import LocalTransport, run_ranks
 
 
 def _calibration(world_size: int) -> autotune.Calibration:
@@ -167,8 +168,8 @@ def _inputs(world_size: int, n: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_probing_switches_every_rank_on_the_same_call_and_keeps_results(
         world_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cgraph.collective.algorithms import allreduce as run
-    from cgraph.collective.types import ReduceOp
+    from cgraph.comm.algorithms import allreduce as run
+    from cgraph.comm.types import ReduceOp
 
     _slow(monkeypatch, "star", 0.005)  # the incumbent is the slow one
     inputs = _inputs(world_size, 1000)
@@ -192,8 +193,8 @@ def test_probing_switches_every_rank_on_the_same_call_and_keeps_results(
 
 
 def test_a_probe_gives_the_user_the_incumbents_result_bit_for_bit() -> None:
-    from cgraph.collective.algorithms import allreduce as run
-    from cgraph.collective.types import ReduceOp
+    from cgraph.comm.algorithms import allreduce as run
+    from cgraph.comm.types import ReduceOp
 
     inputs = _inputs(3, 4099)
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from cgraph.collective import cost_model
-from cgraph.collective.algorithms import ALGORITHMS
-from cgraph.collective.cost_model import (
+from cgraph.comm import cost_model
+from cgraph.comm.algorithms import ALGORITHMS
+from cgraph.comm.cost_model import (
     COST,
     CostParams,
     Sample,
@@ -19,7 +19,7 @@ from cgraph.collective.cost_model import (
     sample,
     terms,
 )
-from cgraph.collective.transport import LocalTransport
+from cgraph.comm.transport import LocalTransport
 
 # 10 us per message, 1 GB/s, 10 GB/s reduction: a commodity cluster.
 CLUSTER = CostParams(alpha=1e-5, beta=1e-9, gamma=1e-10)

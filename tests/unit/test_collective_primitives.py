@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from cgraph.collective.algorithms import allgather, barrier, broadcast, reduce, reducescatter
-from cgraph.collective.algorithms.partition import chunk_bounds, slice_bounds
-from cgraph.collective.transport import LocalTransport, Transport, node_layout, run_ranks
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.algorithms import allgather, barrier, broadcast, reduce, reducescatter
+from cgraph.comm.algorithms.partition import chunk_bounds, slice_bounds
+from cgraph.comm.transport import LocalTransport, Transport, node_layout, run_ranks
+from cgraph.comm.types import ReduceOp
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
 MODES = pytest.mark.parametrize("rendezvous", [False, True], ids=["buffered", "rendezvous"])

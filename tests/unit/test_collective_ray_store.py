@@ -1,4 +1,4 @@
-"""The Ray-backed torch store (``cgraph.collective.ray_store``) without Ray.
+"""The Ray-backed torch store (``cgraph.comm.ray_store``) without Ray.
 
     KVStore (the actor's class)      driven directly in an asyncio loop
     RayStore (the torch Store)       over a KVStore in a loop thread (``LocalActor``),
@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from cgraph.collective import ray_store
-from cgraph.collective.ray_store import KVStore, connect_store
+from cgraph.comm import ray_store
+from cgraph.comm.ray_store import KVStore, connect_store
 
 dist = pytest.importorskip("torch.distributed")
 

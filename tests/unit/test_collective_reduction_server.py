@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cgraph.collective.algorithms.reduction_server import Layout, pipeline_order
-from cgraph.collective.teams import Team
+from cgraph.comm.algorithms.reduction_server import Layout, pipeline_order
+from cgraph.comm.teams import Team
 from tests.unit.test_collective_allreduce import DTYPES, OPS, Case, run_cases
 
 LAYOUTS = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cgraph.collective.algorithms import ALGORITHMS, allreduce, barrier, broadcast
-from cgraph.collective.teams import (
+from cgraph.comm.algorithms import ALGORITHMS, allreduce, barrier, broadcast
+from cgraph.comm.teams import (
     Team,
     TeamTransport,
     node_team,
@@ -21,8 +21,8 @@ from cgraph.collective.teams import (
     split_strided,
     world_team,
 )
-from cgraph.collective.transport import LocalTransport, run_ranks
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.transport import LocalTransport, run_ranks
+from cgraph.comm.types import ReduceOp
 
 
 def test_split_strided() -> None:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from cgraph.channels.cpu_communicator import CpuCommunicator, create_links
 from cgraph.channels.shm_channel import ShmChannel
+from cgraph.comm.cpu_mesh import CpuCommunicator, create_links
 from cgraph.ir import TensorHint
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, decode, encode
 from cgraph.runtime.error_value import ErrorValue

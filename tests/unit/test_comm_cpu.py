@@ -19,10 +19,10 @@ import uuid
 import pytest
 import torch
 
-from cgraph.channels.communicator import Communicator, as_reduce_op, missing_methods
-from cgraph.channels.cpu_communicator import CpuCommunicator, create_links
-from cgraph.collective.algorithms import ALGORITHMS
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.algorithms import ALGORITHMS
+from cgraph.comm.communicator import Communicator, as_reduce_op, missing_methods
+from cgraph.comm.cpu_mesh import CpuCommunicator, create_links
+from cgraph.comm.types import ReduceOp
 from cgraph.errors import ChannelClosedError
 
 OPS = ("sum", "product", "min", "max")

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-from cgraph.channels.communicator import Communicator
-from cgraph.collective.transport import LocalTransport
+from cgraph.comm.communicator import Communicator
+from cgraph.comm.transport import LocalTransport
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, parse_graph
 from cgraph.runtime.communicators import GROUP_KINDS, plan_groups, setup_communicators
@@ -108,7 +108,7 @@ class Harness:
                          for op in ops if op.kind is OpKind.READ},
                 writers={op.node: tuple(self.res[s.id].writer_handle() for s in plan.for_node(op.node)
                                         if s.kind.name != "COMM") for op in ops if op.kind is OpKind.WRITE},
-                input_node="n0", extra=self.comm.extra(actor),
+                input_node="n0", comm=self.comm.program_of(actor),
             )
             program = pickle.loads(pickle.dumps(program))  # each actor gets its own copy, as from Ray
             thread = threading.Thread(target=self._loop, args=(actor, program), daemon=True)
@@ -273,7 +273,7 @@ def test_user_communicator_is_copied_initialised_and_used() -> None:
 
 
 def test_every_group_kind_has_a_row_and_groups_are_planned_per_transport() -> None:
-    assert set(GROUP_KINDS) == {"cpu", "nccl", "cuda_ipc", "custom"}
+    assert set(GROUP_KINDS) == {"cpu", "gloo", "nccl", "cuda_ipc", "custom"}
     graph = parse_graph(COLLECTIVE.format(method="allreduce"))
     planned = plan_schedule(graph, default_communicator="cpu")
     groups, of_collective = plan_groups(graph, planned.plan, "cpu")
@@ -317,8 +317,8 @@ def test_only_methods_after_an_overlapped_send_fence() -> None:
 
 @pytest.mark.parametrize("get_timeout", [7.5, None])
 def test_a_nccl_groups_first_handshake_waits_the_graphs_get_timeout(monkeypatch, get_timeout) -> None:
-    import cgraph.collective.ray_store as ray_store
-    from cgraph.collective.rendezvous import RENDEZVOUS_TIMEOUT_S
+    import cgraph.comm.ray_store as ray_store
+    from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 
     monkeypatch.setattr(ray_store, "start_store_actor", lambda: "store actor")
     planned = plan_schedule(parse_graph(CHAIN), overlap=False, default_communicator="cpu")

@@ -109,7 +109,7 @@ def test_nccl_between_actors_without_gpus_is_a_transport_error():
     message = str(err.value)
     assert "n1 = a.f(n0) :nccl -> n2 = b.g(n1)" in message
     assert "a (Worker, gpus=0) and b (Worker, gpus=0)" in message
-    assert 'transport="shm"' in message and 'default_communicator="cpu"' in message
+    assert 'transport="shm"' in message and 'default_communicator="gloo"' in message and '"cpu"' in message
 
 
 def test_a_default_cpu_communicator_serves_nccl_edges_without_gpus():

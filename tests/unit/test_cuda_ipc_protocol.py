@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from cgraph.channels.cuda_ipc import CudaIpcCommunicator, create_ipc_links
+from cgraph.comm.cuda_ipc import CudaIpcCommunicator, create_ipc_links
 
 
 class Event:

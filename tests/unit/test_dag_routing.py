@@ -17,8 +17,7 @@ from ray.experimental.channel.cpu_communicator import CPUCommunicator
 
 import cgraph.compiler
 from cgraph import InputNode, MultiOutputNode
-from cgraph.dag import compile_with_ray_options
-from cgraph.dag.nodes import install_ray_hooks, ray_context_options
+from cgraph.compat import compile_with_ray_options, install_ray_hooks, ray_context_options
 
 RAY_DEFAULTS = {  # Ray 2.60's DAGContext with no RAY_CGRAPH_* variables set
     "submit_timeout": 10,

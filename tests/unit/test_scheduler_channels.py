@@ -36,7 +36,8 @@ def test_nccl_without_gpus_says_which_edge_which_actors_and_what_to_do() -> None
         "       n2 = b.recv(n1)\n"
         "  why: NCCL moves tensors between GPUs, so both actors need one\n"
         '  fix: use with_tensor_transport(transport="shm") or transport="auto" for this edge, '
-        'give both actors num_gpus=1, or compile with a CPU communicator (default_communicator="cpu")'
+        'give both actors num_gpus=1, or compile with a CPU communicator (default_communicator="gloo", '
+        'or "cpu" for actors on the driver\'s node)'
     )
     assert isinstance(err.value, ValueError)
 

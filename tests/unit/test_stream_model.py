@@ -21,12 +21,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cgraph.channels.communicator import Communicator
-from cgraph.collective.transport import LocalTransport
+from cgraph.comm import stream_model
+from cgraph.comm.communicator import Communicator
+from cgraph.comm.streams import InlineStreams, ModelStreams, streams_of
+from cgraph.comm.transport import LocalTransport
 from cgraph.errors import ChannelClosedError
-from cgraph.runtime import stream_model
 from cgraph.runtime.comm_ops import CommState
-from cgraph.runtime.streams import InlineStreams, ModelStreams, streams_of
 from tests.unit.test_comm_ops import SEED, SEND_THEN_BUMP, Harness, normalise
 
 DELAY_S = 0.002

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgraph.collective.transport import Transport
+from cgraph.comm.transport import Transport
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """A ``Transport`` over shared-memory links whose messages carry the call they belong to.
 
 The "cpu" backend runs cgraph's algorithms over the link mesh of
-``cgraph.channels.cpu_communicator`` (one shm channel per ordered pair of
+``cgraph.comm.cpu_mesh`` (one shm channel per ordered pair of
 ranks, made by the group's store actor). This transport opens one rank's
 ``LinkEnds`` and adds the two things a public API needs on top of bare links:
 
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from cgraph.channels.cpu_communicator import LinkEnds
 from cgraph.channels.segments import unlink_channel
+from cgraph.comm.cpu_mesh import LinkEnds
 from cgraph.errors import (
     ChannelClosedError,
     ChannelTimeoutError,

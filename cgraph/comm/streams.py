@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cgraph.runtime import stream_model
+from cgraph.comm import stream_model
 
 Body = Callable[[], tuple[Any, list[Any]]]  # returns (value, tensors received or made)
 

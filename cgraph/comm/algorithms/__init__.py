@@ -5,7 +5,7 @@
 runs in place on ``buf`` (a C-contiguous numpy array, any shape; the element
 order is the flattened order). Every rank must call with the same algorithm,
 op, element count, dtype and options. ``ALGORITHMS`` maps each name to its
-function; ``cgraph.collective.cost_model`` has a cost formula for each row.
+function; ``cgraph.comm.cost_model`` has a cost formula for each row.
 The building blocks (reduce, broadcast, allgather, reducescatter, barrier)
 are re-exported here.
 """
@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from cgraph.collective.algorithms.barrier import barrier
-from cgraph.collective.algorithms.butterfly import allreduce_butterfly
-from cgraph.collective.algorithms.chain import allreduce_chain
-from cgraph.collective.algorithms.reduction_server import allreduce_reduction_server
-from cgraph.collective.algorithms.ring import allgather, allreduce_ring, reducescatter
-from cgraph.collective.algorithms.star import allreduce_star
-from cgraph.collective.algorithms.tree import allreduce_tree, broadcast, reduce
-from cgraph.collective.transport import Transport
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.algorithms.barrier import barrier
+from cgraph.comm.algorithms.butterfly import allreduce_butterfly
+from cgraph.comm.algorithms.chain import allreduce_chain
+from cgraph.comm.algorithms.reduction_server import allreduce_reduction_server
+from cgraph.comm.algorithms.ring import allgather, allreduce_ring, reducescatter
+from cgraph.comm.algorithms.star import allreduce_star
+from cgraph.comm.algorithms.tree import allreduce_tree, broadcast, reduce
+from cgraph.comm.transport import Transport
+from cgraph.comm.types import ReduceOp
 
 AllreduceFn = Callable[..., None]
 """``fn(transport, buf, op, **options)``: an in-place allreduce."""

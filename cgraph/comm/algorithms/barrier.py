@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cgraph.collective.transport import Transport
+from cgraph.comm.transport import Transport
 
 
 def barrier(transport: Transport) -> None:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cgraph.collective.algorithms.partition import flat_view
-from cgraph.collective.transport import Transport
-from cgraph.collective.types import ReduceOp, combine
+from cgraph.comm.algorithms.partition import flat_view
+from cgraph.comm.transport import Transport
+from cgraph.comm.types import ReduceOp, combine
 
 
 def allreduce_butterfly(transport: Transport, buf: np.ndarray, op: ReduceOp = ReduceOp.SUM) -> None:

@@ -49,7 +49,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from cgraph.collective.types import TORCH_FN, ReduceOp
+from cgraph.comm.types import TORCH_FN, ReduceOp
 
 if TYPE_CHECKING:
     import torch

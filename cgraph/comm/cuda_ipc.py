@@ -42,9 +42,9 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
-from cgraph.channels.communicator import GpuCommunicator
-from cgraph.channels.cpu_communicator import LinkEnds, create_links
 from cgraph.channels.shm_channel import ShmChannel
+from cgraph.comm.communicator import GpuCommunicator
+from cgraph.comm.cpu_mesh import LinkEnds, create_links
 from cgraph.errors import ChannelClosedError
 
 if TYPE_CHECKING:

@@ -39,18 +39,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgraph.collective.algorithms.pairwise import allgather_pairwise, reducescatter_pairwise
-from cgraph.collective.algorithms.partition import (
+from cgraph.comm.algorithms.pairwise import allgather_pairwise, reducescatter_pairwise
+from cgraph.comm.algorithms.partition import (
     Bounds,
     chunk_bounds,
     elems_per,
     flat_view,
     slice_bounds,
 )
-from cgraph.collective.algorithms.ring import allgather, reducescatter
-from cgraph.collective.teams import Team, TeamTransport, node_teams
-from cgraph.collective.transport import Transport, node_layout
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.algorithms.ring import allgather, reducescatter
+from cgraph.comm.teams import Team, TeamTransport, node_teams
+from cgraph.comm.transport import Transport, node_layout
+from cgraph.comm.types import ReduceOp
 
 SLICE_BYTES = 4 << 20
 """Default slice (staging buffer) size: 4 MiB."""

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cgraph.channels.communicator import Communicator, as_reduce_op, split_chunks
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle
-from cgraph.collective import algorithms
-from cgraph.collective.types import ReduceOp
+from cgraph.comm import algorithms
+from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
+from cgraph.comm.types import ReduceOp
 
 if TYPE_CHECKING:
     import torch
@@ -210,7 +210,7 @@ class CpuCommunicator(Communicator):
 
     Args:
         ends: this rank's link ends, from ``create_links`` on the driver.
-        algorithm: the allreduce algorithm (a name of ``cgraph.collective.algorithms.ALGORITHMS``);
+        algorithm: the allreduce algorithm (a name of ``cgraph.comm.algorithms.ALGORITHMS``);
             the ``algorithm`` attribute may be changed between calls (on every rank alike).
     """
 

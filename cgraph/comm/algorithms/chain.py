@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cgraph.collective.algorithms.partition import elems_per, flat_view, slice_bounds
-from cgraph.collective.transport import Transport
-from cgraph.collective.types import ReduceOp, combine
+from cgraph.comm.algorithms.partition import elems_per, flat_view, slice_bounds
+from cgraph.comm.transport import Transport
+from cgraph.comm.types import ReduceOp, combine
 
 SLICE_BYTES = 1 << 20
 """Default pipeline slice: 1 MiB."""

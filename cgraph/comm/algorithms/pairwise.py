@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cgraph.collective.algorithms.partition import Bounds, flat_view
-from cgraph.collective.transport import Transport
-from cgraph.collective.types import ReduceOp, combine
+from cgraph.comm.algorithms.partition import Bounds, flat_view
+from cgraph.comm.transport import Transport
+from cgraph.comm.types import ReduceOp, combine
 
 
 def reducescatter_pairwise(

@@ -45,6 +45,9 @@ from typing import Any
 
 import ray
 
+RENDEZVOUS_TIMEOUT_S = 120.0
+"""How long joining may take: starting the store actor, and (gloo, nccl) every rank
+connecting. Calls made after that wait the group's own timeout."""
 DEFAULT_TIMEOUT_S = 300.0
 """A client's timeout when none is given (TCPStore's default)."""
 ANSWER_MARGIN_S = 30.0

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgraph.collective.algorithms import (
+from cgraph.comm.algorithms import (
     ALGORITHMS,
     allreduce,
     barrier,
@@ -61,8 +61,8 @@ from cgraph.collective.algorithms import (
     reduction_server,
     ring,
 )
-from cgraph.collective.transport import LocalTransport, run_ranks
-from cgraph.collective.types import ReduceOp
+from cgraph.comm.transport import LocalTransport, run_ranks
+from cgraph.comm.types import ReduceOp
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from cgraph.collective.algorithms.partition import (
+from cgraph.comm.algorithms.partition import (
     Bounds,
     chunk_bounds,
     elems_per,
     flat_view,
     slice_bounds,
 )
-from cgraph.collective.transport import Transport
-from cgraph.collective.types import ReduceOp, combine
+from cgraph.comm.transport import Transport
+from cgraph.comm.types import ReduceOp, combine
 
 SLICE_BYTES = 8 << 20
 """Default largest chunk message of ``allreduce_ring``: 8 MiB."""

@@ -1,0 +1,286 @@
+"""One torch.distributed process-group communicator: "gloo" on CPUs, "nccl" on GPUs.
+
+    driver                                       actor (rank r of n)
+    StoreRendezvous.create(prefix) starts a  ──►  store = rendezvous.connect()
+    store actor on the driver's node              pg = process_group(backend, store, r, n)
+                                                   ProcessGroupCommunicator(rendezvous, r, n, backend)
+
+The rendezvous keys (NCCL's unique id, gloo's pair addresses) live in a
+``KVStore`` actor (``ray_store``) and travel by Ray calls: no TCP server is
+opened for them, so only the graph's Ray cluster can read or write them. The
+process group is built directly (``process_group``, the one place cgraph builds
+a torch process group; the imperative collective API builds its groups here
+too), never through ``init_process_group``: no global default group is touched
+and one actor may belong to several graphs' groups.
+
+The code is the same for both backends; what only NCCL needs is three named
+lines (``_Cuda``): the device (the GPU Ray assigned, bound by the caller), a
+dedicated ``torch.cuda.Stream``, and entering that device and stream around a
+call. Under NCCL, ``Work.wait()`` makes ``self.stream`` wait for NCCL's internal
+stream, so the CPU never blocks and work queued on ``self.stream`` after a call
+sees its result; ``synchronize`` blocks the CPU until that stream is done.
+Under gloo, ``stream`` is ``None`` and every call blocks until its part is done,
+like the CPU mesh. CI runs this class with gloo; ``make gpu-check`` runs it
+with NCCL.
+
+``abort`` (from any thread: the actor's watcher calls it when the driver closes
+the graph) aborts the group and drops this rank's process group. NCCL wakes a
+call blocked on a peer; gloo's calls are woken when the peer's connections
+close (every member aborts, or its process ends): measured with torch 2.13,
+``ProcessGroupGloo.abort()`` and ``shutdown()`` leave a blocked ``recv``
+waiting, while dropping the process group closes its connections.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
+from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
+from cgraph.comm.types import ReduceOp, dist_op
+
+if TYPE_CHECKING:
+    import torch
+
+BACKENDS = ("gloo", "nccl")
+WATCHDOG = timedelta(minutes=30)
+"""How long one call may wait for its peers (a DAG edge waits for the next execution);
+cgraph's teardown aborts long before it fires."""
+
+
+def process_group(backend: str, store: Any, rank: int, size: int, timeout: timedelta,
+                  host: str | None = None) -> Any:
+    """A ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` of ``size`` ranks joined through ``store``.
+
+    Args:
+        backend: "gloo" or "nccl".
+        store: a ``torch.distributed.Store`` (keep it referenced as long as the group).
+        timeout: how long one call waits for its peers.
+        host: gloo's address for its pair connections (this node's address); None: this
+            process's Ray node address, else the loopback address.
+
+    Raises:
+        ValueError: an unknown backend.
+    """
+    import torch.distributed as dist
+
+    if backend == "gloo":
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host or _node_address())]
+        options._timeout = timeout
+        return dist.ProcessGroupGloo(store, rank, size, options)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    raise ValueError(f"unknown process-group backend {backend!r}; use one of {BACKENDS}")
+
+
+def backend_available(backend: str) -> bool:
+    """True when this process can build a ``backend`` group (nccl: CUDA too)."""
+    import torch
+    import torch.distributed as dist
+
+    if backend == "gloo":
+        return bool(dist.is_available() and dist.is_gloo_available())
+    return bool(dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available())
+
+
+@dataclass(frozen=True)
+class StoreRendezvous:
+    """Where the members meet (picklable): a store actor's handle, a key prefix, and how
+    long a rank waits for the others' keys."""
+
+    store: Any  # a KVStore actor (ray_store)
+    prefix: str
+    timeout_s: float = RENDEZVOUS_TIMEOUT_S
+
+    @classmethod
+    def create(cls, prefix: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> tuple[StoreRendezvous, Any]:
+        """Start a store actor on this node (the driver's).
+
+        Args:
+            prefix: the group's keys are ``<prefix>/<key>`` in the store.
+            timeout_s: how long a rank waits for the others' keys (the first handshake).
+
+        Returns:
+            The rendezvous record to ship, and the actor's handle (keep it until teardown:
+            Ray ends the actor once every handle is dropped).
+        """
+        from cgraph.comm.ray_store import start_store_actor
+
+        actor = start_store_actor()
+        return cls(actor, prefix, timeout_s), actor
+
+    def connect(self) -> Any:
+        """This rank's store (a ``torch.distributed.Store``; keep it as long as its process group)."""
+        from cgraph.comm.ray_store import connect_store
+
+        return connect_store(self.store, self.timeout_s).prefixed(self.prefix)
+
+
+NcclRendezvous = StoreRendezvous  # the name it had when only NCCL used it
+
+
+class ProcessGroupCommunicator(Communicator):
+    """One rank of a gloo or NCCL group (see the module docstring).
+
+    Args:
+        rendezvous: where the ranks meet.
+        rank, world_size: this rank and the group's size.
+        backend: "gloo" (CPU tensors, calls block) or "nccl" (CUDA tensors on ``stream``).
+
+    Raises:
+        RuntimeError: the backend cannot run here (NCCL needs CUDA and a torch built with it).
+    """
+
+    def __init__(self, rendezvous: StoreRendezvous, rank: int, world_size: int, backend: str = "nccl") -> None:
+        import torch
+
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown process-group backend {backend!r}; use one of {BACKENDS}")
+        if not backend_available(backend):
+            raise RuntimeError(
+                f"the {backend} communicator cannot run here: NCCL needs CUDA and a torch built with "
+                'NCCL; on CPU actors compile with default_communicator="gloo" or "cpu"'
+            )
+        self.backend = backend
+        self._cuda = _Cuda() if backend == "nccl" else None
+        self._device = self._cuda.device if self._cuda else torch.device("cpu")
+        # referenced here as long as the process group: C++ holds only its own reference,
+        # and pybind loses a Python store's methods once no Python reference is left
+        self._store = rendezvous.connect()
+        self._pg: Any = process_group(backend, self._store, rank, world_size, WATCHDOG)
+        self._rank, self._size = rank, world_size
+        self._lock = threading.Lock()
+        self._done = False
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def stream(self) -> Any:
+        return self._cuda.stream if self._cuda else None
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        self._run(lambda pg: pg.send([tensor], dst, 0))
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        self._run(lambda pg: pg.recv([tensor], src, 0))
+
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        import torch.distributed as dist
+
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist_op(as_reduce_op(op))
+        self._run(lambda pg: pg.allreduce([tensor], opts))
+
+    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        self._run(lambda pg: pg.allgather([list(out)], [tensor]))
+
+    def reducescatter(
+        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM
+    ) -> None:
+        import torch.distributed as dist
+
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = dist_op(as_reduce_op(op))
+        parts = [p.contiguous() for p in split_chunks(out, tensors, self._size)]
+        self._run(lambda pg: pg.reduce_scatter([out], [parts], opts))
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self._run(lambda pg: pg.broadcast([tensor], opts))
+
+    def barrier(self) -> None:
+        self._run(lambda pg: pg.barrier())
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        if self._cuda:
+            self._cuda.stream.synchronize()
+
+    def abort(self) -> None:
+        self._finish(lambda pg: pg.abort())
+
+    def destroy(self) -> None:
+        self._finish(lambda pg: (getattr(pg, "shutdown", None) or pg.abort)())
+
+    def _finish(self, how: Any) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            pg, self._pg = self._pg, None
+        try:
+            how(pg)
+        except RuntimeError:
+            pass  # already broken (a dead peer): nothing left to free
+        del pg  # the last reference: gloo closes its connections, which wakes the peers
+
+    def _run(self, call: Any) -> None:
+        pg = self._pg
+        if pg is None:
+            from cgraph.errors import ChannelClosedError
+
+            raise ChannelClosedError(
+                f"the {self.backend} communicator was aborted (teardown or a failed peer)")
+        if self._cuda is None:
+            call(pg).wait()  # gloo: blocks until this rank's part is done
+            return
+        with self._cuda.enter():
+            call(pg).wait()  # the current stream (the comm stream) waits; the CPU does not
+
+
+class NcclCommunicator(ProcessGroupCommunicator):
+    """``ProcessGroupCommunicator`` with the NCCL backend."""
+
+    def __init__(self, rendezvous: StoreRendezvous, rank: int, world_size: int) -> None:
+        super().__init__(rendezvous, rank, world_size, "nccl")
+
+
+class _Cuda:
+    """The only lines of this module that need CUDA: the device, the comm stream, entering them."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.stream = torch.cuda.Stream(self.device)
+
+    def enter(self) -> Any:
+        import contextlib
+
+        import torch
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(self.device))
+        stack.enter_context(torch.cuda.stream(self.stream))
+        return stack
+
+
+def _node_address() -> str:
+    """This process's Ray node address (where gloo's peers on other nodes reach it)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001 - no Ray worker here: the loopback address
+        pass
+    return "127.0.0.1"

@@ -1,0 +1,254 @@
+"""The ``get()`` half of a compiled graph: reading executions' outputs in order.
+
+``CompiledGraph`` inherits ``OutputReader``: the output channels are read one
+execution at a time, strictly in execution order (reading execution 5 first
+buffers 0..4, within ``max_buffered_results``); a multi-output execution's
+outputs are each read once, and an error in any of them is every output's
+result, as in Ray. Every method here runs with ``CompiledGraph._lock`` held
+(``_discard_result`` takes it itself, or queues the drop for whoever holds it).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+from cgraph.errors import (
+    CapacityError,
+    ChannelClosedError,
+    ChannelTimeoutError,
+    GraphTornDownError,
+    RuntimeGraphError,
+    TimeoutError,
+    with_compat,
+)
+from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.options import CompileOptions
+
+
+class OutputReader:
+    """Reads, buffers and hands out the outputs of executions (see the module docstring).
+
+    The state lives on the ``CompiledGraph`` that inherits this class; it is
+    declared here so that the reading code can be read on its own.
+    """
+
+    options: CompileOptions
+    _ep: Any  # DriverEndpoints: output_readers, output_spec
+    _lock: Any
+    _dropped: collections.deque[tuple[int, int | None]]
+    _torn_down: bool
+    _failure: RuntimeGraphError | None
+    _multi_output: bool
+    _next_read: int
+    _partial: dict[str, Any]
+    _results: dict[int, Any]
+    _discarded: set[int]
+    _unread: dict[int, int]
+    _inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]]
+    _single: Any
+
+    def _closed_error(self, cause: ChannelClosedError | None = None) -> RuntimeGraphError:
+        raise NotImplementedError  # CompiledGraph's: the monitor's verdict, else teardown
+
+    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
+        """Execution ``index``'s result, or only its output number ``output``."""
+        if timeout is None:
+            timeout = self.options.get_timeout
+        deadline = deadline_after(timeout)
+        with self._lock:
+            if self._dropped:
+                self._apply_dropped()
+            if index not in self._results:
+                if self._failure is not None:
+                    raise self._failure
+                if self._torn_down:
+                    raise with_compat(GraphTornDownError(
+                        "the compiled graph was torn down before this result was read"))
+                if self._single is not None and index == self._next_read and not self._partial:
+                    return self._get_single(index, deadline)
+                try:
+                    while self._next_read <= index:
+                        if self._next_read < index:
+                            self._check_buffer_room()
+                        self._read_next(deadline, want=index)
+                except _EarlyError as early:  # another output of it failed: so does this read
+                    if output is not None:
+                        self._output_done(index)
+                    raise early.error.to_exception() from None
+            if output is None:
+                return self._finish(self._results.pop(index))
+            values = self._results[index]
+            self._output_done(index)
+            # as in Ray: an error in any output of an execution is every output's result
+            error = next((v for v in (values[output], *values) if type(v) is ErrorValue), None)
+            if error is not None:
+                raise error.to_exception()
+            return values[output]
+
+    def _check_buffer_room(self) -> None:
+        """Before taking an earlier execution's results to buffer them."""
+        limit = self.options.max_buffered_results
+        if len(self._results) >= limit and self._next_read not in self._discarded:
+            raise with_compat(CapacityError(
+                f"{len(self._results)} results are buffered (max_buffered_results={limit}): "
+                "a later execution was read before them; call get() on the earlier refs "
+                "first, or compile with a larger max_buffered_results"))
+
+    def _get_single(self, index: int, deadline: float | None) -> Any:
+        """``_get_result`` of the next execution of a one-output graph, without the
+        bookkeeping of several outputs (most calls: execute, then get)."""
+        reader = self._single
+        try:
+            value = reader.read(timeout=_remaining(deadline))
+        except ChannelTimeoutError:
+            raise self._timeout_error(index) from None
+        except ChannelClosedError as exc:
+            raise self._closed_error(exc) from None
+        except RuntimeGraphError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the slot is released; the execution is read
+            value = _unreadable(exc, index)
+        reader.release()
+        self._next_read += 1
+        if type(value) is ErrorValue:
+            raise value.to_exception()
+        return value
+
+    def _timeout_error(self, index: int) -> Exception:
+        return with_compat(TimeoutError(
+            f"execution {index} did not finish in time; the graph is still usable "
+            "and the result can be read again"))
+
+    def _output_done(self, index: int) -> bool:
+        """One output of a multi-output execution is read or dropped; True when it was
+        the last, and the execution's buffered result is gone."""
+        left = self._unread.get(index, 1) - 1
+        if left > 0:
+            self._unread[index] = left
+            return False
+        self._unread.pop(index, None)
+        self._forget(index)
+        return True
+
+    def _forget(self, index: int) -> None:
+        """No ref will read execution ``index`` any more: drop its results, now if
+        they are buffered, else when they are taken from the channels."""
+        if self._results.pop(index, None) is None and index >= self._next_read:
+            self._discarded.add(index)
+        self._inputs_kept.pop(index, None)
+
+    def _discard_result(self, index: int, output: int | None = None) -> None:
+        """A ref was dropped unread (from ``__del__``: any thread, any moment). Queued,
+        and applied now only if ``_lock`` is free: a get() may hold it for long."""
+        if self._torn_down:
+            return
+        self._dropped.append((index, output))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._apply_dropped()
+            finally:
+                self._lock.release()
+
+    def _apply_dropped(self) -> None:
+        """With ``_lock`` held: forget the results of the refs dropped unread."""
+        while self._dropped:
+            index, output = self._dropped.popleft()
+            if output is None:
+                self._forget(index)
+            else:  # forgotten once no output of the execution is left to read
+                self._output_done(index)
+
+    def _read_next(self, deadline: float | None, want: int = -1) -> None:
+        """Read every output of execution ``_next_read`` (resuming after a timeout).
+
+        Raises ``_EarlyError`` when ``want`` is that execution and one of its outputs
+        holds an error while others are still in flight (Ray raises it at once too);
+        the outputs still to come are read by the next call.
+        """
+        index = self._next_read
+        pending = [(n, r) for n, r in self._ep.output_readers.items() if n not in self._partial]
+        if index == want and pending:  # an output that failed before: no need to wait for the rest
+            error = next((v for v in self._partial.values() if type(v) is ErrorValue), None)
+            if error is not None:
+                raise _EarlyError(error)
+        while pending:
+            # one output: wait on it; several: wait on the first a little at a time,
+            # taking any other that is already there, so an error is seen early
+            wait = _remaining(deadline) if len(pending) == 1 else _poll(deadline)
+            first = pending[0][0]
+            for node, reader in pending:
+                try:
+                    value = reader.read(timeout=wait if node == first else 0)
+                except ChannelTimeoutError:
+                    continue
+                except ChannelClosedError as exc:
+                    raise self._closed_error(exc) from None
+                except RuntimeGraphError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the slot is released
+                    value = _unreadable(exc, index)
+                reader.release()
+                self._partial[node] = value
+                if type(value) is ErrorValue and index == want and len(pending) > 1:
+                    raise _EarlyError(value)
+            pending = [(n, r) for n, r in pending if n not in self._partial]
+            if pending and deadline is not None and time.monotonic() >= deadline:
+                raise self._timeout_error(index)
+        self._store(index)
+
+    def _store(self, index: int) -> None:
+        """Execution ``index``'s outputs are all read: keep them for its refs."""
+        values = [self._output_value(kind, what, index) for kind, what in self._ep.output_spec]
+        self._partial.clear()
+        self._inputs_kept.pop(index, None)
+        self._next_read += 1
+        if index in self._discarded:
+            self._discarded.discard(index)
+        else:
+            self._results[index] = values
+
+    def _output_value(self, kind: str, what: Any, index: int) -> Any:
+        if kind == "node":
+            return self._partial[what]
+        args, kwargs = self._inputs_kept.get(index, ((), {}))
+        if what is None:
+            return args[0]
+        return args[what] if isinstance(what, int) else kwargs[what]
+
+    def _finish(self, values: list[Any]) -> Any:
+        for value in values:
+            if isinstance(value, ErrorValue):
+                raise value.to_exception()
+        return values if self._multi_output else values[0]
+
+
+class _EarlyError(Exception):  # noqa: N818 - control flow inside this module
+    def __init__(self, error: ErrorValue) -> None:
+        self.error = error
+
+
+_POLL_S = 0.01
+"""While several outputs of one execution are awaited, how often the others are checked."""
+
+
+def _poll(deadline: float | None) -> float:
+    return _POLL_S if deadline is None else min(_POLL_S, max(0.0, deadline - time.monotonic()))
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    """None or negative (Ray's -1): no deadline."""
+    return None if timeout is None or timeout < 0 else time.monotonic() + timeout
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _unreadable(exc: Exception, index: int) -> ErrorValue:
+    """An output the driver took but cannot unpickle (a class from a module only the
+    actors have): that execution's error, not a gap that would shift every later
+    result by one."""
+    exc.add_note("cgraph: the driver could not unpickle this output")
+    return ErrorValue.capture(exc, actor="driver", method="<read output>", execution_index=index)
