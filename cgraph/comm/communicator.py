@@ -234,29 +234,3 @@ def split_chunks(
 def _check_parts(parts: Any, world_size: int, what: str) -> None:
     if len(parts) != world_size:
         raise ValueError(f"{what}: got {len(parts)} tensors for a group of {world_size} ranks")
-
-
-class GpuCommunicator(Communicator):
-    """A communicator that sets ``_rank``, ``_size``, ``_device`` and ``_stream`` when
-    it is made; the interface's identity properties read them (NCCL, CUDA IPC)."""
-
-    _rank: int
-    _size: int
-    _device: Any
-    _stream: Any
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._size
-
-    @property
-    def device(self) -> torch.device:
-        return self._device  # type: ignore[no-any-return]
-
-    @property
-    def stream(self) -> Any:
-        return self._stream

@@ -43,7 +43,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.shm_channel import ShmChannel
-from cgraph.comm.communicator import GpuCommunicator
+from cgraph.comm.communicator import Communicator
 from cgraph.comm.cpu_mesh import LinkEnds, create_links
 from cgraph.errors import ChannelClosedError
 
@@ -129,7 +129,7 @@ class CudaOps:
         stream.synchronize()
 
 
-class CudaIpcCommunicator(GpuCommunicator):
+class CudaIpcCommunicator(Communicator):
     """One rank of a group of actors on one GPU (see the module docstring).
 
     Raises:
@@ -150,6 +150,22 @@ class CudaIpcCommunicator(GpuCommunicator):
         self._ack_inp = _attach(acks.inp)
         self._lock = threading.Lock()
         self._closed = False
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    @property
+    def device(self) -> torch.device:
+        return self._device  # type: ignore[no-any-return]
+
+    @property
+    def stream(self) -> Any:
+        return self._stream
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         ops = self._ops

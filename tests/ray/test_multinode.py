@@ -95,6 +95,17 @@ def test_cpu_communicator_off_the_drivers_node_is_refused(checks):
     assert entry["free"] == [2, 2], "a refused compile leaves the actors usable"
 
 
+def test_an_input_read_on_both_nodes_goes_out_on_one_channel_per_node(checks):
+    entry = checks["input_on_two_nodes"]
+    assert entry == {"ok": True, "kinds": ["CROSS_NODE", "SHM"]}, entry
+
+
+def test_gloo_carries_communicator_edges_and_a_collective_across_nodes(checks):
+    entry = checks["gloo_across_nodes"]
+    assert entry["got"] == {"False": entry["expected"], "True": entry["expected"]}, entry
+    assert entry["free"] == [2, 2, 2], "the actors' loops ended at teardown"
+
+
 def test_actor_death_on_the_other_node_is_reported(checks):
     death = checks["death"]
     assert death["error"] is not None, "the graph kept answering after an actor died"

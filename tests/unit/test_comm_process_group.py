@@ -144,3 +144,28 @@ def test_unknown_backend_and_nccl_without_cuda_are_refused() -> None:
 
 def test_node_address_is_loopback_outside_ray() -> None:
     assert process_group._node_address() == "127.0.0.1"
+
+
+def test_a_group_already_broken_is_still_released() -> None:
+    """``destroy`` of a group torch already broke (a dead peer) frees it without raising."""
+
+    class Broken:
+        def shutdown(self) -> None:
+            raise RuntimeError("connection closed by peer")
+
+    comm = ProcessGroupCommunicator.__new__(ProcessGroupCommunicator)
+    comm._pg, comm._lock, comm._done, comm.backend = Broken(), threading.Lock(), False, "gloo"
+    comm.destroy()
+    with pytest.raises(ChannelClosedError):
+        comm.send(torch.ones(1), 0)
+
+
+def test_node_address_falls_back_to_loopback_when_ray_cannot_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    def unknown() -> str:
+        raise RuntimeError("no node here")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray.util, "get_node_ip_address", unknown)
+    assert process_group._node_address() == "127.0.0.1"

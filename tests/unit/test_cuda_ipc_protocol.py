@@ -150,3 +150,9 @@ def test_a_wrong_buffer_fails_the_receive_and_abort_frees_the_sender(pair) -> No
     a.abort()  # what the graph's watcher does when the driver closes the group
     sender.join(10)
     assert not sender.is_alive() and [type(e).__name__ for e in sent] == ["ChannelClosedError"]
+
+
+def test_identity_comes_from_the_links_and_the_engine(pair) -> None:  # type: ignore[no-untyped-def]
+    assert [(c.rank, c.world_size) for c in pair] == [(0, 2), (1, 2)]
+    assert all(c.device == c._ops.device and c.stream is not None for c in pair)
+    pair[0].synchronize()  # the engine's; a no-op in the stand-in
