@@ -97,7 +97,7 @@ class CompiledPlan:
 
 
 def draw_schedule(
-    planned: Any,
+    planned: Planned,
     path: str | os.PathLike[str] | None = None,
     *,
     format: str = "png",

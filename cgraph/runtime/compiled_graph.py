@@ -60,6 +60,7 @@ from cgraph.runtime.refs import CompiledFuture, CompiledFutureList, CompiledRef,
 from cgraph.runtime.results import OutputReader, deadline_after
 
 if TYPE_CHECKING:
+    from cgraph.ir import Graph
     from cgraph.scheduler import Planned
 
 # Code written for Ray Compiled Graphs catches Ray's classes: cgraph's errors are
@@ -125,7 +126,7 @@ class CompiledGraph(OutputReader):
     def __init__(
         self,
         *,
-        graph: Any,
+        graph: Graph,
         planned: Planned,
         options: CompileOptions,
         endpoints: DriverEndpoints,

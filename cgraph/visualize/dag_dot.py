@@ -14,8 +14,8 @@
 
 Node labels are the IR's text form (``format_node``), so the picture, the logs and
 the errors speak one language. An edge's label is its transport: from the channel
-plan when one is given (``plan.for_node(node)``, duck-typed so this module does not
-depend on the scheduler), else from the producing node's ``TensorHint``, else
+plan when one is given (``plan.for_node(node)``), else from the producing node's
+``TensorHint``, else
 ``intra`` inside one actor and ``shm`` between processes.
 
 This module only reads and returns text; ``cgraph.visualize.render`` draws it.
@@ -25,13 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from cgraph.ir.graph import DRIVER, Actor, ActorId, Graph, Node, NodeKind, Ref
 from cgraph.ir.text import format_node
-
-if TYPE_CHECKING:
-    from cgraph.scheduler.channels import ChannelPlan
+from cgraph.scheduler.channels import ChannelKind, ChannelPlan, ChannelSpec
 
 OUTPUT_ID = "driver.output"
 """DOT id of the driver's output node (graph node ids are identifiers: no dot)."""
@@ -88,35 +85,19 @@ def _actor_of(node: Node) -> ActorId | None:
     return node.actor
 
 
-def _channels(plan: Any, node_id: str) -> tuple[Any, ...]:
-    """``plan.for_node(node_id)`` as a tuple, whatever shape the plan returns."""
-    try:
-        found = plan.for_node(node_id)
-    except (KeyError, LookupError):
-        return ()
-    if found is None:
-        return ()
-    if hasattr(found, "readers"):
-        return (found,)
-    return tuple(found)
+def _channel_label(spec: ChannelSpec) -> str:
+    if spec.kind is ChannelKind.COMM:
+        return str(spec.transport) if spec.transport else "comm"
+    return _CHANNEL_LABEL.get(spec.kind.name, str(spec.transport or spec.kind.name.lower()))
 
 
-def _channel_label(spec: Any) -> str:
-    kind = getattr(spec, "kind", None)
-    name = str(getattr(kind, "name", kind)).upper()
-    transport = getattr(spec, "transport", None)
-    if name == "COMM":
-        return str(transport) if transport else "comm"
-    return _CHANNEL_LABEL.get(name, str(transport or name.lower()))
-
-
-def _plan_label(graph: Graph, plan: Any, src: Node, reader: ActorId | None) -> str | None:
+def _plan_label(graph: Graph, plan: ChannelPlan, src: Node, reader: ActorId | None) -> str | None:
     """The transport the plan chose for ``src``'s value read by ``reader``."""
     node: Node | None = src
     while node is not None:
-        specs = _channels(plan, node.id)
+        specs = plan.for_node(node.id)
         for spec in specs:
-            if reader is None or reader in tuple(getattr(spec, "readers", ())):
+            if reader is None or reader in spec.readers:
                 return _channel_label(spec)
         # An attribute of the input / an item of a call rides on its parent's channel.
         parent = node.args[0] if node.kind in (NodeKind.INPUT_ATTR, NodeKind.ITEM) else None
@@ -155,15 +136,15 @@ def _default_label(graph: Graph, src: Node, reader: ActorId | None) -> str:
     return "shm"
 
 
-def _collective_label(graph: Graph, plan: Any, coll: Node) -> str:
+def _collective_label(graph: Graph, plan: ChannelPlan | None, coll: Node) -> str:
     if plan is not None:
-        for spec in _channels(plan, coll.id):
+        for spec in plan.for_node(coll.id):
             return _channel_label(spec)
     hint = _hint_of(graph, coll)
     return hint if hint not in (None, "auto") else "collective"
 
 
-def edge_label(graph: Graph, src: Node, dst: Node | None, plan: Any = None) -> str:
+def edge_label(graph: Graph, src: Node, dst: Node | None, plan: ChannelPlan | None = None) -> str:
     """The transport of the edge ``src -> dst`` (``dst=None``: the driver's output)."""
     if src.kind is NodeKind.COLLECTIVE:
         return _collective_label(graph, plan, src)
@@ -198,7 +179,7 @@ def _cluster(actor_id: str, label: str, nodes: Iterable[Node], color: str) -> li
     return lines
 
 
-def _edges(graph: Graph, plan: Any) -> list[str]:
+def _edges(graph: Graph, plan: ChannelPlan | None) -> list[str]:
     lines = []
     for node in graph.nodes:
         for src_id in node.inputs():

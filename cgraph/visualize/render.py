@@ -16,13 +16,14 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cgraph.visualize.dag_dot import dag_to_dot
 from cgraph.visualize.schedule_dot import schedule_to_dot
 
 if TYPE_CHECKING:
     from cgraph.ir.graph import Graph
+    from cgraph.scheduler.channels import ChannelPlan
     from cgraph.scheduler.ops import Schedule
 
 logger = logging.getLogger("cgraph")
@@ -139,7 +140,7 @@ def write_schedule_picture(
 
 def write_dag_picture(
     graph: Graph,
-    plan: Any = None,
+    plan: ChannelPlan | None = None,
     *,
     directory: str | os.PathLike[str] | None = None,
     name: str = "dag",
