@@ -120,8 +120,10 @@ def allreduce(tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM,
 
     Args:
         op: ReduceOp.SUM, PRODUCT, MIN or MAX (or its name).
-        algorithm: "auto" (the fitted cost model's choice) or a name of
-            ``cgraph.comm.algorithms.ALGORITHMS`` ("cpu" backend only).
+        algorithm: "auto" (on "cpu": the fitted cost model's choice; on "gloo" and
+            "nccl": the backend's own allreduce, also named "native"), or a name of
+            ``cgraph.comm.algorithms.ALGORITHMS``: cgraph's algorithm, on every
+            backend ("gloo"/"nccl": over the process group's send/recv).
 
     Raises:
         CollectiveGroupError, CollectiveMismatchError, CollectiveTimeoutError.

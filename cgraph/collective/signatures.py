@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cgraph.comm.algorithms import ALGORITHMS
 from cgraph.comm.types import ReduceOp
 
 KINDS = ("none", "allreduce", "reduce", "broadcast", "allgather", "reducescatter", "p2p", "barrier")
@@ -23,6 +24,8 @@ OPS = tuple(ReduceOp)
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64",
           "uint8", "bool", "complex64", "complex128")
 """dtype names by code (others encode as -2, "other")."""
+ALLREDUCE_ALGORITHMS = tuple(sorted(ALGORITHMS))
+"""cgraph's allreduce algorithms by code (an allreduce's root field; -1: the backend's own)."""
 MAX_DIMS = 6
 LENGTH = 6 + MAX_DIMS
 
@@ -39,6 +42,11 @@ def encode(kind: str, tensor: Any = None, op: ReduceOp | None = None, root: int 
             DTYPES.index(dtype) if dtype in DTYPES else -2, len(shape), numel, *dims]
 
 
+def algorithm_code(name: str) -> int:
+    """The code of one of cgraph's allreduce algorithms, for ``encode``'s root field."""
+    return ALLREDUCE_ALGORITHMS.index(name)
+
+
 def describe(header: Any) -> str:
     """Readable text of a signature vector."""
     h = [int(x) for x in header]
@@ -51,6 +59,8 @@ def describe(header: Any) -> str:
     text = f"{kind} {dtype}{shape}"
     if h[1] >= 0:
         text += f" {OPS[h[1]].value}"
-    if h[2] >= 0:
+    if h[2] >= 0 and kind == "allreduce":
+        text += f" {ALLREDUCE_ALGORITHMS[h[2]] if h[2] < len(ALLREDUCE_ALGORITHMS) else 'algorithm ?'}"
+    elif h[2] >= 0:
         text += f" root {h[2]}"
     return text

@@ -12,11 +12,15 @@ The keys live in the group's store actor (a ``GroupStore`` is a ``KVStore``) and
 go there by Ray calls: no TCP server is opened for them (``RayStore.prefixed``
 does PrefixStore's job: see ``ray_store`` for why). Teams reuse the group's
 store (no new rendezvous); building a team's process group waits until every
-team member splits. The backend's own collectives do the work: ``algorithm``
-may only be "auto" (cgraph's algorithms run on the "cpu" backend). Before each
-call the ranks compare signatures (dtype, shape, op, root; ``signatures``),
-because gloo kills the process on a size mismatch. Failures of the backend (a timeout, a dead peer) become
-``CollectiveTimeoutError`` / ``CollectiveError`` naming the group and rank.
+team member splits. The backend's own collectives do the work, except an
+allreduce given one of cgraph's algorithms (``algorithm="ring"``,
+``"reduction_server"``, ...): that runs over the process group's send/recv
+(``comm.pg_transport``), with the ranks' Ray nodes as the node layout, so the
+reduction server's hierarchy follows the real nodes. "auto" and "native" are
+the backend's own allreduce. Before each call the ranks compare signatures
+(dtype, shape, op, root or algorithm; ``signatures``), because gloo kills the
+process on a size mismatch. Failures of the backend (a timeout, a dead peer)
+become ``CollectiveTimeoutError`` / ``CollectiveError`` naming the group and rank.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from typing import Any
 
 from cgraph.collective import signatures
 from cgraph.collective.backends import Hooks
+from cgraph.collective.tensor_views import working
+from cgraph.comm import algorithms
+from cgraph.comm.pg_transport import ProcessGroupTransport
 from cgraph.comm.process_group import process_group
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.teams import Team
@@ -39,9 +46,8 @@ from cgraph.errors import (
 )
 
 NATIVE = ("auto", "native")
-"""The ``algorithm`` values these backends accept (their own allreduce)."""
-
-
+"""The ``algorithm`` values that run the backend's own allreduce; any name of
+``cgraph.comm.algorithms.ALGORITHMS`` runs cgraph's over the process group."""
 
 
 class TorchComm:
@@ -63,18 +69,28 @@ class TorchComm:
         self.rank, self.world_size = self.process_group.rank(), self.process_group.size()
         self.nodes = nodes
         self._broken: str | None = None
+        self._transport: ProcessGroupTransport | None = None  # made by the first algorithm call
 
     def allreduce(self, tensor: Any, op: ReduceOp, algorithm: str) -> None:
         if algorithm not in NATIVE:
-            raise ValueError(
-                f"group {self._name!r}: algorithm={algorithm!r} picks one of cgraph's "
-                "algorithms, which run on the 'cpu' backend; torch backends run their own "
-                "allreduce: pass algorithm='auto'"
-            )
+            self._allreduce_with(tensor, op, algorithm)
+            return
         self._agree(signatures.encode("allreduce", tensor, op))
         options = _dist().AllreduceOptions()
         options.reduceOp = _torch_op(op)
         self._wait("allreduce", lambda pg: pg.allreduce([tensor], options))
+
+    def _allreduce_with(self, tensor: Any, op: ReduceOp, algorithm: str) -> None:
+        """cgraph's ``algorithm`` over this process group (``ProcessGroupTransport``)."""
+        if algorithm not in algorithms.ALGORITHMS:
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
+                             f"{[*NATIVE, *sorted(algorithms.ALGORITHMS)]}")
+        self._agree(signatures.encode("allreduce", tensor, op, signatures.algorithm_code(algorithm)))
+        if self._transport is None:
+            self._transport = ProcessGroupTransport(self.process_group, self.nodes, self._device)
+        transport = self._transport
+        with working(tensor, "numpy") as arr:
+            self._guard("allreduce", lambda: algorithms.allreduce(transport, arr, op, algorithm))
 
     def reduce(self, tensor: Any, dst: int, op: ReduceOp) -> None:
         self._agree(signatures.encode("reduce", tensor, op, dst))
@@ -172,13 +188,17 @@ class TorchComm:
         return torch.tensor(values, dtype=torch.int64, device=self._device)
 
     def _wait(self, what: str, start: Callable[[Any], Any]) -> None:
+        self._guard(what, lambda: start(self.process_group).wait())
+
+    def _guard(self, what: str, call: Callable[[], Any]) -> None:
+        """Run ``call``; a failure inside torch breaks the group (later calls say so)."""
         if self._broken is not None:
             raise CollectiveGroupError(
                 f"group {self._name!r}, rank {self.rank}: the process group broke on an earlier "
                 f"error ({self._broken}); destroy_collective_group({self._name!r}) on every rank "
                 "and create it again", self._name, self.rank)
         try:
-            start(self.process_group).wait()
+            call()
         except RuntimeError as exc:
             text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             timed_out = "timed out" in text.lower() or "timeout" in text.lower()

@@ -239,7 +239,7 @@ class CpuCommunicator(Communicator):
         self._transport.send(_bytes_of(tensor.detach().contiguous()), dst)
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
-        with _Writable(tensor, raw=True) as flat:
+        with NumpyView(tensor, raw=True) as flat:
             self._transport.recv(flat, src)
 
     def recv_view(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> tuple[torch.Tensor, Lease]:
@@ -258,7 +258,7 @@ class CpuCommunicator(Communicator):
             raise
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
-        with _Writable(tensor) as flat:
+        with NumpyView(tensor) as flat:
             algorithms.allreduce(self._transport, flat, as_reduce_op(op), self.algorithm)
 
     def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
@@ -269,7 +269,7 @@ class CpuCommunicator(Communicator):
             raise ValueError(f"allgather: got {len(out)} output tensors for a group of {p} ranks")
         whole = torch.empty(p * n, dtype=tensor.dtype)
         whole[self.rank * n : (self.rank + 1) * n] = tensor.detach().reshape(-1).cpu()
-        with _Writable(whole) as flat:
+        with NumpyView(whole) as flat:
             algorithms.allgather(self._transport, flat, _even(n, p))
         for r, part in enumerate(out):
             part.copy_(whole[r * n : (r + 1) * n].reshape(part.shape))
@@ -281,13 +281,13 @@ class CpuCommunicator(Communicator):
 
         n, p = out.numel(), self.world_size
         whole = torch.cat([c.detach().reshape(-1).cpu() for c in split_chunks(out, tensors, p)])
-        with _Writable(whole) as flat:
+        with NumpyView(whole) as flat:
             mine = algorithms.reducescatter(self._transport, flat, as_reduce_op(op), _even(n, p))
             result = torch.from_numpy(mine.copy())
         out.copy_(result.reshape(out.shape).to(out.dtype))
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        with _Writable(tensor, raw=True) as flat:
+        with NumpyView(tensor, raw=True) as flat:
             algorithms.broadcast(self._transport, flat, src)
 
     def barrier(self) -> None:
@@ -321,7 +321,7 @@ def _tensor_bytes(message: Any) -> np.ndarray | None:
     return message.numpy()  # type: ignore[no-any-return]
 
 
-class _Writable:
+class NumpyView:
     """A flat numpy view of a tensor to work on in place, copied back if it had to be a copy.
 
     ``raw=True`` views the bytes (for moves); otherwise the elements, in a

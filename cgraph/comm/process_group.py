@@ -38,7 +38,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from cgraph.comm import algorithms
 from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
+from cgraph.comm.cpu_mesh import NumpyView
+from cgraph.comm.pg_transport import ProcessGroupTransport
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.types import ReduceOp, dist_op
 
@@ -148,6 +151,8 @@ class ProcessGroupCommunicator(Communicator):
                 'NCCL; on CPU actors compile with default_communicator="gloo" or "cpu"'
             )
         self.backend = backend
+        if backend == "gloo":  # cgraph's algorithms by name, as on the CPU mesh (not on NCCL's stream)
+            self.algorithm = "native"
         self._cuda = _Cuda() if backend == "nccl" else None
         self._device = self._cuda.device if self._cuda else torch.device("cpu")
         # referenced here as long as the process group: C++ holds only its own reference,
@@ -157,6 +162,7 @@ class ProcessGroupCommunicator(Communicator):
         self._rank, self._size = rank, world_size
         self._lock = threading.Lock()
         self._done = False
+        self._transport: ProcessGroupTransport | None = None
 
     @property
     def rank(self) -> int:
@@ -183,9 +189,20 @@ class ProcessGroupCommunicator(Communicator):
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
         import torch.distributed as dist
 
+        name = getattr(self, "algorithm", "native")
+        if name != "native":  # one of cgraph's, over this group's send/recv (gloo)
+            self._allreduce_with(self._group(), tensor, as_reduce_op(op), name)
+            return
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist_op(as_reduce_op(op))
         self._run(lambda pg: pg.allreduce([tensor], opts))
+
+    def _allreduce_with(self, pg: Any, tensor: torch.Tensor, op: ReduceOp, name: str) -> None:
+        if self._transport is None:
+            nodes = (0,) * self._size  # a DAG's group: one layout (the reduction server's teams are flat)
+            self._transport = ProcessGroupTransport(pg, nodes)
+        with NumpyView(tensor) as flat:
+            algorithms.allreduce(self._transport, flat, op, name)
 
     def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
         self._run(lambda pg: pg.allgather([list(out)], [tensor]))
@@ -233,13 +250,18 @@ class ProcessGroupCommunicator(Communicator):
             pass  # already broken (a dead peer): nothing left to free
         del pg  # the last reference: gloo closes its connections, which wakes the peers
 
-    def _run(self, call: Any) -> None:
+    def _group(self) -> Any:
+        """This rank's process group, unless the communicator was aborted."""
         pg = self._pg
         if pg is None:
             from cgraph.errors import ChannelClosedError
 
             raise ChannelClosedError(
                 f"the {self.backend} communicator was aborted (teardown or a failed peer)")
+        return pg
+
+    def _run(self, call: Any) -> None:
+        pg = self._group()
         if self._cuda is None:
             call(pg).wait()  # gloo: blocks until this rank's part is done
             return

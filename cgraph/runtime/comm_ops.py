@@ -301,7 +301,7 @@ def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str |
         return f"collective {endpoint.node}: unknown collective {endpoint.method!r}; use one of {sorted(COLLECTIVES)}"
     if endpoint.algorithm != "auto" and not hasattr(comm, "algorithm"):
         return (f"collective {endpoint.node} ({endpoint.method}): algorithm={endpoint.algorithm!r} needs the CPU "
-                f"communicator, but this group runs on {type(comm).__name__}; use algorithm=\"auto\"")
+                f"communicator or gloo, but this group runs on {type(comm).__name__}; use algorithm=\"auto\"")
     if not isinstance(value, torch.Tensor):
         return f"collective {endpoint.node} takes one torch.Tensor per member, got {type(value).__name__}"
     if endpoint.method == "reducescatter" and (value.dim() == 0 or value.shape[0] % comm.world_size):

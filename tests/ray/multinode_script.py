@@ -69,6 +69,9 @@ class Node:
     def total(self, t):
         return float(t.sum())
 
+    def run(self, fn, *args):
+        return fn(*args)
+
     def fail_on(self, x, bad):
         if x == bad:
             raise ValueError(f"{self.label} refuses {x}")
@@ -214,6 +217,7 @@ def run_checks() -> None:
            kinds=sorted(s.kind.name for s in compiled.planned.plan.channels if s.node == "n0"))
     compiled.teardown()
     check_gloo_across_nodes(a, b, c)
+    check_collectives_across_nodes(on_head, on_two)
     check_death_at_the_output(on_two)
 
     with InputNode() as inp:
@@ -233,6 +237,72 @@ def run_checks() -> None:
     compiled.teardown()
     report("teardown", survivors=ray.get([a.inc.remote(1), b.inc.remote(1)], timeout=60),
            segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+
+
+ALGORITHMS = ("star", "chain", "tree", "butterfly", "ring", "reduction_server")
+SIZES = (0, 1, 7, 1 << 19)  # elements: 2 MiB of float32 at the end
+
+
+def rank_input(rank: int, size: int) -> np.ndarray:
+    return np.random.default_rng(rank * 7919 + size).standard_normal(size).astype(np.float32)
+
+
+def every_collective(name: str, world: int, rank: int) -> dict:
+    """On one rank: every algorithm, op, size and tensor kind, checked against numpy here."""
+    import torch
+
+    import cgraph.collective as col
+
+    col.init_collective_group(world, rank, "gloo", name, timeout_s=30)
+    wrong, calls = [], 0
+    for size in SIZES:
+        every = np.stack([rank_input(r, size) for r in range(world)])
+        for op in ("sum", "max"):
+            want = every.sum(0) if op == "sum" else every.max(0)
+            for algorithm in (*ALGORITHMS, "auto"):
+                for kind in ("numpy", "torch"):
+                    x = rank_input(rank, size)
+                    col.allreduce(torch.from_numpy(x) if kind == "torch" else x, name, op=op, algorithm=algorithm)
+                    calls += 1
+                    if not np.allclose(x, want, rtol=1e-5, atol=1e-4):
+                        wrong.append(f"allreduce {algorithm} {op} {size} {kind}")
+        if size % world == 0:  # reducescatter: rank r gets the sum of every rank's chunk r
+            out = torch.zeros(size // world)
+            col.reducescatter(out, list(torch.from_numpy(every[rank]).chunk(world)), name)
+            calls += 1
+            if not np.allclose(out.numpy(), every.reshape(world, world, -1)[:, rank].sum(0), atol=1e-4):
+                wrong.append(f"reducescatter {size}")
+        parts = [torch.zeros(size) for _ in range(world)]
+        col.allgather(parts, torch.from_numpy(rank_input(rank, size)), name)
+        calls += 1
+        if not all(np.array_equal(p.numpy(), every[r]) for r, p in enumerate(parts)):
+            wrong.append(f"allgather {size}")
+    return {"rank": rank, "node": ray.get_runtime_context().get_node_id(), "calls": calls, "wrong": wrong}
+
+
+def allreduce_after_a_death(name: str) -> str:
+    import torch
+
+    import cgraph.collective as col
+
+    start = time.monotonic()
+    try:
+        col.allreduce(torch.ones(1 << 16), name, algorithm="reduction_server")
+        return "no error"
+    except Exception as exc:  # noqa: BLE001 - its type and timing are the result
+        return f"{type(exc).__name__} after {time.monotonic() - start:.1f}s: {str(exc)[:200]}"
+
+
+def check_collectives_across_nodes(on_head, on_two) -> None:
+    """A gloo group of 2 actors per node: every algorithm against numpy, then a death."""
+    members = [on_head.remote("r0"), on_head.remote("r1"), on_two.remote("r2"), on_two.remote("r3")]
+    name, world = "xnode-gloo", len(members)
+    got = ray.get([m.run.remote(every_collective, name, world, r) for r, m in enumerate(members)], timeout=180)
+    ray.kill(members[3])
+    survivors = ray.get([m.run.remote(allreduce_after_a_death, name) for m in members[:3]], timeout=90)
+    report("collectives_across_nodes", got=got, after_death=survivors)
+    for m in members[:3]:
+        ray.kill(m)
 
 
 def check_gloo_across_nodes(a, b, c) -> None:

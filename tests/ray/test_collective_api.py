@@ -116,10 +116,11 @@ def allreduce_each_algorithm(name):
     return results, strided.tolist(), bf16.float().tolist()
 
 
-def test_every_algorithm_and_awkward_tensors(members):
+@pytest.mark.parametrize("backend", ["cpu", "gloo"])
+def test_every_algorithm_and_awkward_tensors(members, backend):
     name = fresh("algs")
     try:
-        run_all(members[:3], init(3, name), per_rank=lambda i: (i,))
+        run_all(members[:3], init(3, name, backend=backend), per_rank=lambda i: (i,))
         results = run_all(members[:3], allreduce_each_algorithm, name)
     finally:
         destroy_everywhere(members[:3], name)

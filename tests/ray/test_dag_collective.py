@@ -108,9 +108,12 @@ def test_results_equal_torch_with_and_without_overlap(members, method, op, size)
                 torch.testing.assert_close(g, w)
 
 
-@pytest.mark.parametrize("algorithm", ["tree", "butterfly"])
-def test_a_named_allreduce_algorithm_gives_the_same_result(members, algorithm):
-    got = run(build(members[:3], "allreduce", "sum", algorithm=algorithm), [2])[0]
+@pytest.mark.parametrize(("algorithm", "communicator"), [
+    ("tree", None), ("butterfly", None), ("reduction_server", "gloo"), ("ring", "gloo"), ("auto", "gloo"),
+])
+def test_a_named_allreduce_algorithm_gives_the_same_result(members, algorithm, communicator):
+    options = {} if communicator is None else {"default_communicator": communicator}
+    got = run(build(members[:3], "allreduce", "sum", algorithm=algorithm), [2], **options)[0]
     for g, w in zip(got, expected("allreduce", "sum", 3, 2), strict=True):
         torch.testing.assert_close(g, w)
 

@@ -106,6 +106,23 @@ def test_gloo_carries_communicator_edges_and_a_collective_across_nodes(checks):
     assert entry["free"] == [2, 2, 2], "the actors' loops ended at teardown"
 
 
+def test_every_algorithm_across_nodes_on_gloo_equals_numpy(checks):
+    """2 actors per node; allreduce SUM/MAX with every algorithm (hierarchical one included),
+    reducescatter and allgather; sizes 0, 1, 7 and 2 MiB; numpy and torch."""
+    got = checks["collectives_across_nodes"]["got"]
+    assert [g["rank"] for g in got] == [0, 1, 2, 3]
+    assert got[0]["node"] == got[1]["node"] != got[2]["node"] == got[3]["node"]
+    assert all(g["wrong"] == [] for g in got), [g["wrong"] for g in got]
+    assert len({g["calls"] for g in got}) == 1 and got[0]["calls"] > 100
+
+
+def test_a_rank_killed_on_the_other_node_raises_on_the_survivors(checks):
+    for outcome in checks["collectives_across_nodes"]["after_death"]:
+        assert outcome.startswith(("CollectiveError", "CollectiveTimeoutError")), outcome
+        assert "xnode-gloo" in outcome, outcome
+        assert float(outcome.split(" after ")[1].split("s:")[0]) < 40, outcome
+
+
 def test_actor_death_on_the_other_node_is_reported(checks):
     death = checks["death"]
     assert death["error"] is not None, "the graph kept answering after an actor died"

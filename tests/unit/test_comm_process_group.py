@@ -169,3 +169,19 @@ def test_node_address_falls_back_to_loopback_when_ray_cannot_say(monkeypatch: py
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray.util, "get_node_ip_address", unknown)
     assert process_group._node_address() == "127.0.0.1"
+
+
+@pytest.mark.parametrize("algorithm", ["star", "chain", "tree", "butterfly", "ring", "reduction_server"])
+def test_cgraphs_algorithms_run_on_the_gloo_communicator(algorithm: str) -> None:
+    """As on the CPU mesh, the ``algorithm`` attribute picks one of cgraph's (a DAG node's option)."""
+
+    def work(c: ProcessGroupCommunicator) -> Any:
+        c.algorithm = algorithm
+        t = torch.arange(10, dtype=torch.float32) * (c.rank + 1)
+        c.allreduce(t, "sum")
+        b = torch.full((3,), float(c.rank + 1), dtype=torch.bfloat16)  # no numpy dtype: via float32
+        c.allreduce(b, "max")
+        return t.tolist(), b.float().tolist()
+
+    for got, b in ranks(3, work):
+        assert got == (torch.arange(10, dtype=torch.float32) * 6).tolist() and b == [3.0] * 3
