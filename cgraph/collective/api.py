@@ -234,7 +234,7 @@ def world_team(group_name: str = "default") -> str:
 
 # --------------------------------------------------------------------------- auto
 def explain(world_size: int, nbytes: int, group_name: str | None = None,
-            params: CostParams | None = None) -> str:
+            params: CostParams | None = None, ranks_per_node: int | None = None) -> str:
     """Every allreduce algorithm's predicted cost, as a table to print.
 
     With ``group_name`` (a calibrated "cpu" group of this process, after its first
@@ -242,7 +242,9 @@ def explain(world_size: int, nbytes: int, group_name: str | None = None,
     parameters, each algorithm's measured/model ratio and the calibrated time
     "auto" compares, plus what the size class's trial and probes measured (the
     algorithm that runs, its challenger, the switches so far). Otherwise the
-    plain cost model with ``params`` (or ``DEFAULT_PARAMS``).
+    plain cost model with ``params`` (or ``DEFAULT_PARAMS``); ``ranks_per_node``
+    (a layout of several nodes) adds the hierarchical reduction server, which
+    needs one (a group's own layout is used when ``group_name`` is given).
     """
     calibration, measured = None, None
     if params is None and group_name is not None:
@@ -254,8 +256,9 @@ def explain(world_size: int, nbytes: int, group_name: str | None = None,
         return str(calibration.explain(nbytes)) + (f"\n{line}" if line else "")
     if calibration is not None:
         params = calibration.params
-    return cost_model.explain(world_size, nbytes, params or DEFAULT_PARAMS,
-                              world_size if group_name else None)
+    if ranks_per_node is None and group_name is not None:
+        ranks_per_node = world_size
+    return cost_model.explain(world_size, nbytes, params or DEFAULT_PARAMS, ranks_per_node)
 
 
 def choose_algorithm(nbytes: int, group_name: str = "default") -> str:

@@ -205,8 +205,16 @@ class TorchComm:
             self._broken = f"{what}: {text}"
             raise (CollectiveTimeoutError if timed_out else CollectiveError)(
                 f"group {self._name!r}, rank {self.rank}: {what} failed in torch.distributed: "
-                f"{text} (a peer did not arrive within timeout_s, or died)", self._name,
-                self.rank) from exc
+                f"{text} (a peer did not arrive within timeout_s, or died; {self._layout()})",
+                self._name, self.rank) from exc
+
+    def _layout(self) -> str:
+        """``rank 2 on node 9d1c04aa; ranks by node: 3f2a1b9c 0,1; 9d1c04aa 2,3``, for errors."""
+        by_node: dict[str, list[int]] = {}
+        for r, node in enumerate(self.nodes):
+            by_node.setdefault(str(node)[:8], []).append(r)
+        ranks = "; ".join(f"{node} {','.join(map(str, rs))}" for node, rs in by_node.items())
+        return f"rank {self.rank} on node {str(self.nodes[self.rank])[:8]}; ranks by node: {ranks}"
 
 
 def _text(header: Any) -> str:

@@ -108,3 +108,12 @@ def test_sample_and_measure_on_local_threads() -> None:
     assert all(s.seconds > 0 and s.world_size == 2 for s in samples)
     params = cost_model.measure(world_sizes=(2, 3), nbytes=(64, 1 << 16), repeats=2)
     assert min(params.alpha, params.beta, params.gamma) >= 0
+
+
+def test_the_public_explain_lists_the_reduction_server_for_a_layout_of_several_nodes() -> None:
+    from cgraph import collective
+
+    flat = collective.explain(8, 4 << 20)
+    layered = collective.explain(8, 4 << 20, ranks_per_node=4)
+    assert "reduction_server" not in flat and "4 ranks/node" in layered
+    assert "reduction_server" in layered and layered.count("<- best") == 1
