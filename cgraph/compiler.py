@@ -214,6 +214,8 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     max_buffered_results: int = 1000,
     max_value_bytes: int = 16 << 30,
     tls: bool | None = None,
+    timeline: bool | None = None,
+    timeline_executions: int = 100,
 ) -> Any:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
@@ -242,6 +244,9 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     planned = _plan(dag, options, locate=locate_actors)
     compiled = launch(planned.front, planned.planned, options)
     compiled.drawer = draw_schedule  # the runtime draws through it, without importing the compiler
+    from cgraph.visualize import trace
+
+    compiled.tracer = trace  # and builds traces through it
     return compiled
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -100,6 +101,31 @@ def run(overlap: bool, actors: tuple, shape: tuple[int, int], dtype: torch.dtype
         compiled.teardown()
 
 
+def explain(actors: tuple, shape: tuple[int, int], dtype: torch.dtype, side: int | None) -> None:
+    """One recorded pass per mode: where the time went (compiled with ``timeline=True``)."""
+    import cgraph
+
+    senders, receiver, transport, compile_options = actors
+    options = {name.lstrip("_"): value for name, value in compile_options.items()}
+    folder = Path(os.environ.get("CGRAPH_VISUALIZE_DIR") or Path.cwd() / "cgraph-schedules")
+    folder.mkdir(parents=True, exist_ok=True)
+    for overlap in (False, True):
+        with InputNode() as inp:
+            branches = [sender.send.bind(shape, dtype, inp).with_type_hint(
+                TorchTensorType(transport=transport, _static_shape=True, _direct_return=True)) for sender in senders]
+            dag = MultiOutputNode([receiver.recv_and_matmul.bind(branch, side) for branch in branches])
+        compiled = cgraph.compile(dag, overlap_gpu_communication=overlap, timeline=True, **options)
+        try:
+            for i in range(5):
+                ray.get(compiled.execute(i))
+            path = compiled.timeline(folder / f"timeline-overlap-{str(overlap).lower()}.json")
+            summary = compiled.timeline_summary()
+        finally:
+            compiled.teardown()
+        label = next(label for label in summary if label.startswith("d "))
+        print(f"recorded, overlap={overlap}: receiver {summary[label]} (trace: {path})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=None, help="timed executions per mode")
@@ -129,6 +155,7 @@ def main() -> None:
             for overlap in (False, True):
                 best[overlap] = min(best[overlap], run(overlap, actors, (size, size), dtype, iters, side))
             os.environ.pop("CGRAPH_VISUALIZE_SCHEDULE", None)  # one picture per mode is enough
+        explain(actors, (size, size), dtype, side)
     finally:
         ray.shutdown()
     for overlap in (False, True):

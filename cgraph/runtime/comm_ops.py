@@ -96,6 +96,10 @@ class CommState:
         from cgraph.runtime.executor import Pending
 
         engine = self.engines[id(comm)]
+        recorder = self.ctx.recorder
+        if recorder is not None and op.stream is Stream.COMM:  # timed on the thread that runs it
+            index = self.ctx.execution
+            body = recorder.timed(str(op), "comm", lambda: index, body)
         token = engine.mark()
         if self.thread is None:
             return engine.join(*engine.run(token, body))

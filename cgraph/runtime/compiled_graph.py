@@ -32,14 +32,19 @@ import atexit
 import collections
 import functools
 import itertools
+import json
+import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
 
+from cgraph._log import logger
 from cgraph.errors import (
     ActorDiedError,
     CapacityError,
@@ -54,10 +59,13 @@ from cgraph.errors import (
     register_compat,
     with_compat,
 )
+from cgraph.runtime.inputs import InputUsage
 from cgraph.runtime.monitor import DEATH_GRACE_S
 from cgraph.runtime.options import CompileOptions
+from cgraph.runtime.recording import Recorder
 from cgraph.runtime.refs import CompiledFuture, CompiledFutureList, CompiledRef, CompiledRefList
 from cgraph.runtime.results import OutputReader, deadline_after
+from cgraph.runtime.timeline import TIMELINE_ENV, collect, records
 
 if TYPE_CHECKING:
     from cgraph.ir import Graph
@@ -76,40 +84,6 @@ register_compat(ChannelLostError, ray.exceptions.RayChannelError)
 
 _LIVE: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 _IDS = itertools.count()
-
-
-@dataclass(frozen=True)
-class InputUsage:
-    """How the DAG reads ``execute``'s arguments, to check them at the call site."""
-
-    whole: bool  # the InputNode itself is an argument somewhere
-    positions: frozenset[int]
-    keys: frozenset[str]
-
-    @functools.cached_property
-    def need(self) -> int:
-        """How many positional arguments ``execute`` needs at least."""
-        return max(self.positions, default=-1) + 1
-
-    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.whole and (len(args) != 1 or kwargs):
-            raise ExecuteArgumentError(
-                "this graph passes the InputNode itself to a method, so execute() takes "
-                f"exactly one positional argument; got {len(args)} positional and "
-                f"{len(kwargs)} keyword arguments. Use inp[i] / inp.key to read several."
-            )
-        need = self.need
-        if len(args) != need and (self.positions or len(args) < need):
-            raise ExecuteArgumentError(
-                f"this graph reads inp[{need - 1}], so execute() takes {need} positional "
-                f"argument(s); got {len(args)}"
-            )
-        if self.keys and not self.keys <= kwargs.keys():
-            missing = sorted(self.keys - kwargs.keys())
-            raise ExecuteArgumentError(
-                f"this graph reads inp.{missing[0]}, so execute() needs the keyword "
-                f"argument(s) {', '.join(missing)}; got {sorted(kwargs) or 'none'}"
-            )
 
 
 @dataclass
@@ -136,6 +110,7 @@ class CompiledGraph(OutputReader):
         multi_output: bool,
         handles: dict[str, Any] | None = None,
         on_teardown: Callable[[], None] = lambda: None,
+        tag: str = "",
     ) -> None:
         self.graph_id = next(_IDS)
         self.graph = graph
@@ -169,6 +144,9 @@ class CompiledGraph(OutputReader):
                         and [k for k, _ in endpoints.output_spec] == ["node"] else None)
         self._monitor: Any = None
         self.drawer: Any = None  # draw_schedule(planned, filename, format=, view=): set by the compiler
+        self.tracer: Any = None  # cgraph.visualize.trace (trace_of, summarize): set by the compiler
+        self._tag = tag
+        self._recorder = Recorder(2 * options.timeline_executions) if records(options) else None
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ public API
@@ -205,9 +183,12 @@ class CompiledGraph(OutputReader):
             index = self._submitted
             if self._keeps_inputs:  # before the write: a fast reader may need it
                 self._inputs_kept[index] = (args, kwargs)
+            start = time.perf_counter_ns()
             try:
                 if self._ep.input_writer is not None:
                     self._write_input(args, kwargs, blocking)
+                if self._recorder is not None:
+                    self._recorder.add("execute", "driver", index, start, time.perf_counter_ns())
             except BaseException:
                 self._inputs_kept.pop(index, None)
                 raise
@@ -254,11 +235,40 @@ class CompiledGraph(OutputReader):
             raise RuntimeError("this graph was started without cgraph.compile, which gives it a way to draw")
         return self.drawer(self.planned, filename, format=format, view=view)
 
+    def timeline(self, path: str | os.PathLike[str] | None = None) -> Any:
+        """The recorded executions as Chrome trace-event JSON (open it in ui.perfetto.dev).
+
+        One process per actor (and the driver), one thread per track (the loop and
+        the comm thread), flow arrows from each send to its receive. Writes ``path``
+        and returns it when given; returns the trace (a dict) otherwise.
+
+        Raises:
+            RuntimeError: the graph was compiled without ``timeline=True`` (or
+                ``CGRAPH_TIMELINE``), or without ``cgraph.compile``.
+        """
+        trace = self.tracer.trace_of(self._tracks())
+        if path is None:
+            return trace
+        Path(path).write_text(json.dumps(trace))
+        return Path(path)
+
+    def timeline_summary(self) -> dict[str, Any]:
+        """Per process (the driver and each actor's label): busy, idle, compute and comm
+        time and the overlap fraction of the recorded executions (``visualize.trace.Summary``)."""
+        return self.tracer.summarize(self._tracks())  # type: ignore[no-any-return]
+
+    def _tracks(self) -> list[Any]:
+        if self._recorder is None or self.tracer is None:
+            raise RuntimeError("this graph records no timeline: compile it with cgraph.compile(dag, "
+                               f"timeline=True), or set {TIMELINE_ENV}=<file.json>")
+        return collect(self._handles, self._labels, self._tag, self._recorder.snapshot())
+
     def teardown(self, timeout: float = 10.0, kill_actors: bool = False) -> None:
         """Stop every actor loop and free every channel. Safe to call twice.
 
         ``kill_actors=True`` (Ray Compiled Graphs' option) also kills the graph's
-        actors afterwards, as ``ray.kill`` does.
+        actors afterwards, as ``ray.kill`` does. With ``CGRAPH_TIMELINE=<file>`` the
+        timeline is written there first.
         """
         with self._teardown_lock:
             if self._torn_down:
@@ -266,6 +276,8 @@ class CompiledGraph(OutputReader):
                     self._kill_actors()
                 return
             self._torn_down = True
+        if self._recorder is not None and os.environ.get(TIMELINE_ENV) and self.tracer is not None:
+            _quietly(lambda: logger.info("timeline written to %s", self.timeline(os.environ[TIMELINE_ENV])))
         try:
             self._stop(timeout)
         finally:

@@ -33,6 +33,7 @@ from cgraph.runtime.program import (
     ActorProgram,
     ComputeSpec,
 )
+from cgraph.runtime.recording import Recorder, register
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -77,6 +78,7 @@ class Context:
         self.methods: dict[str, Callable[..., Any]] = {}
         self.to_release: list[Any] = []
         self.comm_state: Any = None  # the communicators' state, made by the first comm op (comm_ops)
+        self.recorder: Recorder | None = None  # set when the graph records a timeline (recording.py)
         self.event_loop: asyncio.AbstractEventLoop | None = None  # for async methods, made on first use
         self.end_hooks: list[Callable[[], None]] = []  # run at the end of every execution
         self.close_hooks: list[Callable[[], None]] = []  # run once when the loop ends
@@ -291,12 +293,48 @@ the node's reader, method and writers, so an iteration that reads, runs and writ
 costs ~1 µs of Python here (3.0 µs when each op looked them up every time)."""
 
 
+def _recorded_steps(ctx: Context, steps: list[Step]) -> list[Step]:
+    """Each step timed on the loop's track; an op of the comm stream is timed where its
+    body runs, on the comm thread (``CommState.run``), so each op is one event."""
+    program = ctx.program
+    assert program.timeline is not None
+    recorder = ctx.recorder = register(program.graph_tag, 2 * program.timeline * max(len(program.ops), 1))
+    out: list[Step] = []
+    for op, step in zip(program.ops, steps, strict=True):
+        if op.stream is Stream.COMM:
+            out.append(step)
+            continue
+        if op.kind is OpKind.COMPUTE:  # its wait for values in flight is an event of its own
+            out.append(recorder.timed(f"wait {op}", "loop", lambda: ctx.execution, _waiting(op, ctx)))
+        out.append(recorder.timed(str(op), "loop", lambda: ctx.execution, step))
+    return out
+
+
+def _waiting(op: Op, ctx: Context) -> Step:
+    """What a COMPUTE waits for before its method can run: its arguments still in flight
+    on the comm stream, and the sends it is fenced behind."""
+    spec = ctx.program.computes[op.node]
+    nodes = [what for kind, what in (*spec.args, *(arg for _, arg in spec.kwargs)) if kind == ARG_VALUE]
+    fenced = op.node in ctx.fenced
+
+    def wait() -> None:
+        for node in nodes:
+            if type(ctx.values.get(node)) is Pending:
+                ctx.value(node)
+        if fenced:
+            comm_state(ctx).fence()
+
+    return wait
+
+
 def run_actor_loop(instance: object, program: ActorProgram) -> str:
     """Run ``program`` until its channels close. Returns why it stopped."""
     measured = coverage_hook.trace_this_thread()
     unpin = pin_thread(program.cpu_affinity)
     ctx = Context(instance, program)
     steps = [HANDLERS[op.kind](op, ctx) for op in program.ops]
+    if program.timeline is not None:  # wrapped once here: unrecorded loops run the bare steps
+        steps = _recorded_steps(ctx, steps)
     try:
         while True:
             for step in steps:

@@ -25,7 +25,7 @@ from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
 from cgraph.runtime.affinity import choose_cpus, pin_thread
 from cgraph.runtime.communicators import setup_communicators
-from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints, InputUsage
+from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints
 from cgraph.runtime.endpoints import (
     CopyingReader,
     FanOutWriter,
@@ -36,10 +36,12 @@ from cgraph.runtime.endpoints import (
     socket_channel,
 )
 from cgraph.runtime.executor import run_actor_loop
+from cgraph.runtime.inputs import InputUsage
 from cgraph.runtime.monitor import LoopMonitor
 from cgraph.runtime.node_channels import NodeWatch, RemoteSegments, make_remote
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
+from cgraph.runtime.timeline import records
 from cgraph.scheduler.ops import OpKind
 
 if TYPE_CHECKING:
@@ -179,15 +181,19 @@ def _start_loops(handles: dict[str, Any], programs: dict[str, Any], tag: str) ->
     }
 
 
+def _clean_stale() -> None:
+    removed = cleanup_stale_segments()  # left by drivers that died without teardown
+    if removed:
+        logger.info("removed %d stale shared-memory segment(s) of dead cgraph drivers", len(removed))
+
+
 def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> CompiledGraph:
     """Allocate channels, start the actor loops, and return the driver's graph object."""
     graph: Graph = planned.graph
     handles = front.handles
     keys = {actor: _actor_key(handles[actor]) for actor in planned.schedule}
     _check_free(keys)
-    removed = cleanup_stale_segments()  # left by drivers that died without teardown
-    if removed:
-        logger.info("removed %d stale shared-memory segment(s) of dead cgraph drivers", len(removed))
+    _clean_stale()
     tag = uuid.uuid4().hex[:8]
     secret = new_secret()  # reaches the actors inside their programs, through Ray's own calls
     use_tls = tls.wanted(options.tls)
@@ -205,7 +211,8 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
             program = _program(a, labels[a], planned, resources, tag)
             watch = _node_watch(a, program, tag, secret, resources, use_tls) if a not in local else None
             programs[a] = replace(program, comm=comm.program_of(a), node_watch=watch,
-                                  cpu_affinity=cpus if a in local else None)
+                                  cpu_affinity=cpus if a in local else None,
+                                  timeline=options.timeline_executions if records(options) else None)
         endpoints = _driver_endpoints(planned, resources)
     except Exception:
         for res in resources.values():
@@ -233,6 +240,7 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
         multi_output=graph.multi_output,
         handles={a: handles[a] for a in planned.schedule},
         on_teardown=release,
+        tag=tag,
     )
     for key in keys.values():
         _ACTORS_IN_USE[key] = compiled.graph_id

@@ -36,6 +36,10 @@ class CompileOptions:
         max_value_bytes: the largest value an edge between nodes carries (16 GiB); a
             larger one is that execution's error at the sender, and a frame that
             announces more is refused before memory is allocated.
+        timeline: record one event per op per execution on every actor, for
+            ``CompiledGraph.timeline()`` (None, the default: on when the
+            ``CGRAPH_TIMELINE`` environment variable names a file to write at teardown).
+        timeline_executions: how many of the latest executions each actor keeps.
         tls: run TLS on every socket of the graph (certificates from each process's
             ``CGRAPH_TLS_CERT``/``_KEY``/``_CA``, else Ray's ``RAY_TLS_*``); None (the
             default): on when ``CGRAPH_TLS=1`` or ``RAY_USE_TLS=1``.
@@ -52,6 +56,8 @@ class CompileOptions:
     cpu_affinity: Any = None  # None | "colocate" | set of CPU ids (see runtime/affinity.py)
     max_value_bytes: int = 16 << 30  # the largest value a cross-node channel carries
     tls: bool | None = None  # TLS on every socket; None: CGRAPH_TLS / RAY_USE_TLS decide
+    timeline: bool | None = None  # record op events; None: on when CGRAPH_TIMELINE is set
+    timeline_executions: int = 100
 
     def __post_init__(self) -> None:
         for name in ("submit_timeout", "get_timeout"):  # Ray's -1 (any negative): no limit
@@ -66,5 +72,7 @@ class CompileOptions:
             )
         if self.max_value_bytes < 1:
             raise ValueError(f"max_value_bytes must be >= 1, got {self.max_value_bytes}")
+        if self.timeline_executions < 1:
+            raise ValueError(f"timeline_executions must be >= 1, got {self.timeline_executions}")
         if self.buffer_size_bytes < 1:
             raise ValueError(f"buffer_size_bytes must be >= 1, got {self.buffer_size_bytes}")

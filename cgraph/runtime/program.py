@@ -55,6 +55,7 @@ class ActorProgram:
     comm: CommProgram | None = None  # its communicator groups and ops, if it has any
     node_watch: NodeWatch | None = None  # off the driver's node: what closes that node's channels
     cpu_affinity: Any = None  # CPUs to pin the loop thread to (runtime/affinity.py), or None
+    timeline: int | None = None  # record op events, keeping this many executions (recording.py)
 
 
 def _arg_spec(arg: Ref | Const, graph: Graph) -> ArgSpec:

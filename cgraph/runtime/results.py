@@ -48,12 +48,22 @@ class OutputReader:
     _unread: dict[int, int]
     _inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]]
     _single: Any
+    _recorder: Any  # runtime.recording.Recorder, or None when the graph records no timeline
 
     def _closed_error(self, cause: ChannelClosedError | None = None) -> RuntimeGraphError:
         raise NotImplementedError  # CompiledGraph's: the monitor's verdict, else teardown
 
     def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
         """Execution ``index``'s result, or only its output number ``output``."""
+        if self._recorder is None:
+            return self._take_result(index, timeout, output)
+        start = time.perf_counter_ns()
+        try:
+            return self._take_result(index, timeout, output)
+        finally:
+            self._recorder.add("get", "driver", index, start, time.perf_counter_ns())
+
+    def _take_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
         if timeout is None:
             timeout = self.options.get_timeout
         deadline = deadline_after(timeout)

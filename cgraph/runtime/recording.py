@@ -1,0 +1,99 @@
+"""Recording what every actor did: one event per op per execution, off by default.
+
+    compile(dag, timeline=True)            (or CGRAPH_TIMELINE=path.json)
+      actor loop   steps wrapped once at loop start:  t0 = now(); step(); add(op, t0, now())
+      comm thread  the body of an op on the comm stream, timed where it runs
+      driver       execute() and get() of each execution
+    compiled.timeline(path)                asks each actor for its events (``fetch``),
+                                           puts every clock on the driver's axis
+
+An event is ``(op, track, execution, start_ns, end_ns)``: ``op`` the op's text
+form (``a.C1``, ``d.RECV1<a@comm``), ``track`` "loop" or "comm" (the thread that
+ran it), times from ``time.perf_counter_ns`` (CLOCK_MONOTONIC: one clock for
+every process of a machine). Off, nothing is wrapped and nothing is recorded:
+the loop runs the same steps as before. On, each actor keeps a ring of the last
+``timeline_executions`` executions (bounded memory), guarded by one lock
+(appends from the loop and comm threads, snapshots from Ray's call thread).
+
+Clocks of actors on the driver's node are the driver's clock (offset 0, exact).
+For an actor on another node, ``fetch`` returns its clock next to the driver's
+send and receive times of that call: offset = actor - midpoint, uncertainty =
+half the round trip (said in the trace's metadata).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Event = tuple[str, str, int, int, int]
+"""(op text, track, execution, start_ns, end_ns)."""
+
+_KEEP_GRAPHS = 4
+"""Recorders a process keeps (most recent graphs first): a graph's events outlive its loop
+until fetched, and a long-lived actor must not keep every graph's."""
+_RECORDERS: collections.OrderedDict[str, Recorder] = collections.OrderedDict()
+_REGISTRY_LOCK = threading.Lock()
+
+
+class Recorder:
+    """The ring of one process's events for one graph (see the module docstring)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._events: collections.deque[Event] = collections.deque(maxlen=max(capacity, 1))
+        self._lock = threading.Lock()
+
+    def add(self, op: str, track: str, execution: int, start_ns: int, end_ns: int) -> None:
+        with self._lock:
+            self._events.append((op, track, execution, start_ns, end_ns))
+
+    def snapshot(self) -> list[Event]:
+        with self._lock:
+            return list(self._events)
+
+    def timed(self, op: str, track: str, execution: Callable[[], int], run: Callable[[], Any]) -> Callable[[], Any]:
+        """``run`` wrapped so that each call adds one event (its start and end)."""
+        now = time.perf_counter_ns
+
+        def recorded() -> Any:
+            index, start = execution(), now()
+            try:
+                return run()
+            finally:
+                self.add(op, track, index, start, now())
+
+        return recorded
+
+
+def register(tag: str, capacity: int) -> Recorder:
+    """This process's recorder of graph ``tag`` (made once; older graphs' are dropped)."""
+    with _REGISTRY_LOCK:
+        recorder = _RECORDERS.get(tag)
+        if recorder is None:
+            recorder = _RECORDERS[tag] = Recorder(capacity)
+            while len(_RECORDERS) > _KEEP_GRAPHS:
+                _RECORDERS.popitem(last=False)
+        return recorder
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What ``fetch`` returns: the events, and this process's clock and node when asked."""
+
+    events: list[Event]
+    clock_ns: int
+    node: str
+
+
+def fetch(_instance: object, tag: str) -> Fetched:
+    """Run in an actor (``__ray_call__``): its events of graph ``tag`` (empty if none)."""
+    import ray
+
+    with _REGISTRY_LOCK:
+        recorder = _RECORDERS.get(tag)
+    events = recorder.snapshot() if recorder is not None else []
+    return Fetched(events, time.perf_counter_ns(), ray.get_runtime_context().get_node_id())

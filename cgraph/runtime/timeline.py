@@ -1,0 +1,51 @@
+"""The driver's side of recording: whether a graph records, and gathering every actor's events.
+
+``collect`` asks each actor for its events (``recording.fetch`` through
+``__ray_call__``, which runs beside the graph's loop) and places its clock on
+the driver's: an actor on the driver's node shares its CLOCK_MONOTONIC (offset
+0); elsewhere the offset is the actor's clock minus the midpoint of the call,
+give or take half the call's round trip. The result is the tracks that
+``cgraph.visualize.trace`` turns into a Chrome trace and a summary.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from cgraph.runtime.options import CompileOptions
+from cgraph.runtime.recording import Event, fetch
+
+TIMELINE_ENV = "CGRAPH_TIMELINE"
+"""A file to write each compiled graph's timeline to at teardown (recording turns on)."""
+
+Track = tuple[str, str, list[Event], int, int]
+"""(actor, label, events, offset_ns, uncertainty_ns), as ``visualize.trace`` takes them."""
+
+
+def records(options: CompileOptions) -> bool:
+    """Whether a graph compiled with ``options`` records its timeline."""
+    if options.timeline is not None:
+        return options.timeline
+    return bool(os.environ.get(TIMELINE_ENV))
+
+
+def collect(handles: Mapping[str, Any], labels: Mapping[str, str], tag: str,
+            driver_events: list[Event], timeout: float = 30.0) -> list[Track]:
+    """Every actor's recorded events of graph ``tag``, on the driver's clock, after the driver's."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    tracks: list[Track] = [("driver", "driver", driver_events, 0, 0)]
+    for actor, handle in handles.items():
+        sent = time.perf_counter_ns()
+        got = ray.get(handle.__ray_call__.remote(fetch, tag), timeout=timeout)
+        back = time.perf_counter_ns()
+        if got.node == here:
+            offset, uncertainty = 0, 0
+        else:
+            offset, uncertainty = got.clock_ns - (sent + back) // 2, (back - sent) // 2
+        tracks.append((actor, labels.get(actor, actor), got.events, offset, uncertainty))
+    return tracks

@@ -1,0 +1,110 @@
+"""Recorded events into a Chrome trace and a summary; the recorder's ring (no Ray)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from cgraph.runtime import recording
+from cgraph.runtime.recording import Recorder
+from cgraph.visualize.trace import summarize, trace_of
+
+MS = 1_000_000  # ns
+
+# a sends n1 to d on its comm thread; d receives it on its comm thread while computing n4
+TRACKS = [
+    ("driver", "driver", [("execute", "driver", 0, 0, 1 * MS), ("get", "driver", 0, 1 * MS, 20 * MS)], 0, 0),
+    ("a", "a (W)", [
+        ("a.R0", "loop", 0, 1 * MS, 2 * MS),
+        ("a.C1", "loop", 0, 2 * MS, 6 * MS),
+        ("a.SEND1>d@comm", "comm", 0, 6 * MS, 9 * MS),
+    ], 0, 0),
+    ("d", "d (W)", [  # on another node: its clock runs 5 ms ahead of the driver's
+        ("d.RECV1<a@comm", "comm", 0, 11 * MS, 15 * MS),
+        ("d.C4", "loop", 0, 13 * MS, 17 * MS),
+        ("wait d.C5", "loop", 0, 17 * MS, 18 * MS),
+        ("d.C5", "loop", 0, 18 * MS, 19 * MS),
+        ("d.W5", "loop", 0, 19 * MS, 20 * MS),
+    ], 5 * MS, 300_000),
+]
+
+
+def test_the_trace_names_processes_and_threads_and_puts_every_clock_on_the_drivers() -> None:
+    trace = json.loads(json.dumps(trace_of(TRACKS)))  # plain JSON all the way down
+    meta = {(e["pid"], e["tid"], e["name"]): e["args"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert meta[(1, 0, "process_name")] == {"name": "a (W)"}
+    assert meta[(1, 2, "thread_name")] == {"name": "comm"} and meta[(2, 1, "thread_name")] == {"name": "loop"}
+    slices = {e["name"]: e for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert len(slices) == 10
+    assert slices["execute"]["ts"] == 0 and slices["a.C1"]["ts"] == 2000 and slices["a.C1"]["dur"] == 4000
+    assert slices["d.RECV1<a"]["ts"] == 6000  # 11 ms on d's clock, 5 ms ahead
+    assert slices["d.RECV1<a"]["cat"] == "RECV" and slices["d.RECV1<a"]["args"] == {"op": "d.RECV1<a@comm",
+                                                                                      "execution": 0}
+    assert trace["otherData"]["clocks"]["d (W)"] == {"offset_us": 5000.0, "uncertainty_us": 300.0}
+
+
+def test_a_flow_arrow_runs_from_each_send_to_its_recv() -> None:
+    flows = [e for e in trace_of(TRACKS)["traceEvents"] if e["ph"] in ("s", "f")]
+    assert [(e["ph"], e["pid"], e["tid"], e["ts"]) for e in flows] == [("s", 1, 2, 6000.0), ("f", 2, 2, 10000.0)]
+    assert flows[0]["id"] == flows[1]["id"] and flows[1]["bp"] == "e"
+
+
+def test_a_recv_without_its_send_gets_no_arrow_and_an_empty_record_is_an_empty_trace() -> None:
+    alone = [("d", "d", [("d.RECV1<a", "loop", 3, 0, 5)], 0, 0)]
+    assert [e for e in trace_of(alone)["traceEvents"] if e["ph"] in ("s", "f")] == []
+    assert [e for e in trace_of([])["traceEvents"] if e["ph"] == "X"] == []
+
+
+def test_the_summary_measures_busy_compute_comm_and_overlap() -> None:
+    summary = summarize(TRACKS)
+    d = summary["d (W)"]
+    assert d.executions == 1 and d.span == pytest.approx(9e-3)
+    assert d.busy == pytest.approx(8e-3)  # 11-17 and 18-20; the wait 17-18 is not busy
+    assert d.compute == pytest.approx(5e-3) and d.comm == pytest.approx(4e-3)
+    assert d.overlapped == pytest.approx(2e-3) and d.overlap_fraction == pytest.approx(0.5)  # 13-15
+    assert d.idle == pytest.approx(1e-3)
+    a = summary["a (W)"]
+    assert a.overlap_fraction == 0.0 and a.comm == pytest.approx(3e-3)
+    assert summary["driver"].comm == 0 and summary["driver"].overlap_fraction == 0.0
+    assert "overlapped 50% of comm" in str(d)
+
+
+def test_the_recorder_keeps_the_latest_events_and_times_a_step_that_raises() -> None:
+    rec = Recorder(3)
+    for i in range(5):
+        rec.add("a.C1", "loop", i, i, i + 1)
+    assert [e[2] for e in rec.snapshot()] == [2, 3, 4]
+
+    def boom() -> None:
+        raise ValueError("user error")
+
+    step = rec.timed("a.C2", "loop", lambda: 7, boom)
+    with pytest.raises(ValueError):
+        step()
+    op, track, execution, start, end = rec.snapshot()[-1]
+    assert (op, track, execution) == ("a.C2", "loop", 7) and start <= end
+
+
+def test_appends_from_two_threads_and_snapshots_do_not_race() -> None:
+    rec = Recorder(10_000)
+    stop = threading.Event()
+
+    def append() -> None:
+        for i in range(20_000):
+            rec.add("a.C1", "comm", i, i, i)
+        stop.set()
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    while not stop.is_set():
+        rec.snapshot()
+    thread.join()
+    assert len(rec.snapshot()) == 10_000
+
+
+def test_a_process_keeps_the_recorders_of_its_latest_graphs_only() -> None:
+    made = [recording.register(f"unit-{i}", 4) for i in range(recording._KEEP_GRAPHS + 2)]
+    assert recording.register(f"unit-{recording._KEEP_GRAPHS + 1}", 4) is made[-1]
+    assert "unit-0" not in recording._RECORDERS and "unit-1" not in recording._RECORDERS
