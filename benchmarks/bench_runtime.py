@@ -266,15 +266,16 @@ def open_runner(system: str, spec: DagSpec, actors: list[Any], buffer: int, infl
         )
         return Runner(lambda x: ray.get(compiled.execute(x)), compiled.execute, ray.get,
                       lambda: compiled.teardown(kill_actors=kill_actors))
-    return _open_cgraph(dag, buffer, inflight, "colocate" if system == "cgraph_colocate" else None)
+    return _open_cgraph(dag, buffer, inflight, "colocate" if system == "cgraph_colocate" else None,
+                        timeline=system == "cgraph_timeline")
 
 
-def _open_cgraph(dag: Any, buffer: int, inflight: int, affinity: Any = None) -> Runner:
+def _open_cgraph(dag: Any, buffer: int, inflight: int, affinity: Any = None, timeline: bool = False) -> Runner:
     import cgraph
 
     try:
         compiled = cgraph.compile(dag, max_inflight_executions=inflight, buffer_size_bytes=buffer,
-                                  cpu_affinity=affinity)
+                                  cpu_affinity=affinity, timeline=timeline)
     except (NotImplementedError, AttributeError, ImportError) as exc:
         raise Unavailable(f"cgraph runtime not available: {describe_error(exc)}") from exc
     if not callable(getattr(compiled, "execute", None)):
@@ -343,7 +344,7 @@ def measure_latency(s: Settings, gate: CgraphGate) -> dict[str, Any]:
     """Each (DAG, system) in ``latency_rounds`` rounds on fresh actors, the systems'
     order rotating per round, so a change in the shared machine's load falls on
     every system alike; the statistics pool the rounds' samples."""
-    systems = (*SYSTEMS, "cgraph_colocate")
+    systems = (*SYSTEMS, "cgraph_colocate", "cgraph_timeline")
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(s.latency_rounds):
         order = systems[r % len(systems):] + systems[:r % len(systems)]

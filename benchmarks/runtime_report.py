@@ -20,10 +20,12 @@ MiB = 1 << 20
 LABELS = {
     "cgraph": "cgraph",
     "cgraph_colocate": 'cgraph, cpu_affinity="colocate"',
+    "cgraph_timeline": "cgraph, timeline=True (recording)",
     "ray_cgraph": "Ray Compiled Graphs",
     "ray_plain": "plain Ray calls",
 }
 PIPELINED_SHARE_NEEDED = 0.5  # of memcpy into shm, on the largest array
+TIMELINE_OVERHEAD_ALLOWED = 0.10  # recording on: at most 10% added to the median
 
 DEFINITIONS = """\
     floor       two bare forked processes waking each other: a byte through two
@@ -104,6 +106,8 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for dag, entry in (ok_entry(sec.get("latency")) or {}).get("dags", {}).items():
         rows += _latency_targets(dag, entry["systems"], floor_rt)
+        if dag in ("echo", "chain3"):
+            rows.append(_timeline_target(dag, entry["systems"]))
     rows.append(_throughput_target(ok_entry(sec.get("throughput")), ok_entry(sec.get("memcpy"))))
     rows += _idle_targets((ok_entry(sec.get("idle_cpu")) or {}).get("systems", {}))
     comp = (ok_entry(sec.get("compile")) or {}).get("systems", {})
@@ -112,6 +116,15 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                         f"Ray CG {fmt(anchor and anchor['median_compile_s'], 3, 's')}",
                         cg and cg["median_compile_s"] < 1.0))
     return rows
+
+
+def _timeline_target(dag: str, systems: dict[str, Any]) -> dict[str, Any]:
+    """Recording a timeline costs at most 10% of the median, same run, same DAG."""
+    off, on = ok_entry(systems.get("cgraph")), ok_entry(systems.get("cgraph_timeline"))
+    ratio = on and off and on["median_us"] / off["median_us"]
+    return _target(f"timeline recording {dag}", f"median on <= {1 + TIMELINE_OVERHEAD_ALLOWED:.2f}x off",
+                   f"{fmt(on and on['median_us'], 1, 'us')} on vs {fmt(off and off['median_us'], 1, 'us')} off "
+                   f"({fmt_ratio(ratio)})", "-", ratio and ratio <= 1 + TIMELINE_OVERHEAD_ALLOWED)
 
 
 def _idle_targets(idle: dict[str, Any]) -> list[dict[str, Any]]:

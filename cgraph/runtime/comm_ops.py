@@ -53,6 +53,7 @@ from cgraph.errors import ChannelClosedError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, encode
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, GroupEndpoint, open_group
 from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.recording import At
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -98,8 +99,7 @@ class CommState:
         engine = self.engines[id(comm)]
         recorder = self.ctx.recorder
         if recorder is not None and op.stream is Stream.COMM:  # timed on the thread that runs it
-            index = self.ctx.execution
-            body = recorder.timed(str(op), "comm", lambda: index, body)
+            body = recorder.timed(str(op), "comm", At(self.ctx.execution), body)
         token = engine.mark()
         if self.thread is None:
             return engine.join(*engine.run(token, body))

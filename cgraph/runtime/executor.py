@@ -304,18 +304,24 @@ def _recorded_steps(ctx: Context, steps: list[Step]) -> list[Step]:
         if op.stream is Stream.COMM:
             out.append(step)
             continue
-        if op.kind is OpKind.COMPUTE:  # its wait for values in flight is an event of its own
-            out.append(recorder.timed(f"wait {op}", "loop", lambda: ctx.execution, _waiting(op, ctx)))
-        out.append(recorder.timed(str(op), "loop", lambda: ctx.execution, step))
+        waits = _waiting(op, ctx) if op.kind is OpKind.COMPUTE else None
+        if waits is not None:  # its wait for values in flight is an event of its own
+            out.append(recorder.timed(f"wait {op}", "loop", ctx, waits))
+        out.append(recorder.timed(str(op), "loop", ctx, step))
     return out
 
 
-def _waiting(op: Op, ctx: Context) -> Step:
+def _waiting(op: Op, ctx: Context) -> Step | None:
     """What a COMPUTE waits for before its method can run: its arguments still in flight
-    on the comm stream, and the sends it is fenced behind."""
+    on the comm stream, and the sends it is fenced behind (None: it can wait for nothing)."""
     spec = ctx.program.computes[op.node]
-    nodes = [what for kind, what in (*spec.args, *(arg for _, arg in spec.kwargs)) if kind == ARG_VALUE]
+    in_flight = {o.node for o in ctx.program.ops if o.kind is OpKind.RECV and o.stream is Stream.COMM}
+    in_flight |= {o.node for o in ctx.program.ops if o.kind is OpKind.COLLECTIVE and o.stream is Stream.COMM}
+    args = [what for kind, what in (*spec.args, *(arg for _, arg in spec.kwargs)) if kind == ARG_VALUE]
+    nodes = [node for node in args if node in in_flight or node in _collective_outputs(ctx)]
     fenced = op.node in ctx.fenced
+    if not nodes and not fenced:
+        return None
 
     def wait() -> None:
         for node in nodes:
@@ -325,6 +331,15 @@ def _waiting(op: Op, ctx: Context) -> Step:
             comm_state(ctx).fence()
 
     return wait
+
+
+def _collective_outputs(ctx: Context) -> set[str]:
+    """The values a collective of the comm stream produces on this actor (its ITEM outputs)."""
+    comm = ctx.program.comm
+    if comm is None:
+        return set()
+    return {c.output for node, c in comm.collectives.items() if c.output and any(
+        o.node == node and o.stream is Stream.COMM for o in ctx.program.ops)}
 
 
 def run_actor_loop(instance: object, program: ActorProgram) -> str:

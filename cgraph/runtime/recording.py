@@ -12,8 +12,9 @@ form (``a.C1``, ``d.RECV1<a@comm``), ``track`` "loop" or "comm" (the thread that
 ran it), times from ``time.perf_counter_ns`` (CLOCK_MONOTONIC: one clock for
 every process of a machine). Off, nothing is wrapped and nothing is recorded:
 the loop runs the same steps as before. On, each actor keeps a ring of the last
-``timeline_executions`` executions (bounded memory), guarded by one lock
-(appends from the loop and comm threads, snapshots from Ray's call thread).
+``timeline_executions`` executions (bounded memory); the loop and comm threads
+append without a lock (a deque's append is atomic), and a snapshot from Ray's
+call thread copies again if an append raced it.
 
 Clocks of actors on the driver's node are the driver's clock (offset 0, exact).
 For an actor on another node, ``fetch`` returns its clock next to the driver's
@@ -45,28 +46,40 @@ class Recorder:
 
     def __init__(self, capacity: int) -> None:
         self._events: collections.deque[Event] = collections.deque(maxlen=max(capacity, 1))
-        self._lock = threading.Lock()
 
     def add(self, op: str, track: str, execution: int, start_ns: int, end_ns: int) -> None:
-        with self._lock:
-            self._events.append((op, track, execution, start_ns, end_ns))
+        self._events.append((op, track, execution, start_ns, end_ns))  # atomic: no lock on the hot path
 
     def snapshot(self) -> list[Event]:
-        with self._lock:
-            return list(self._events)
+        """The events so far (copied while the loop and comm threads may still append)."""
+        while True:
+            try:
+                return list(self._events)
+            except RuntimeError:  # appended during the copy ("deque mutated"): copy again
+                continue
 
-    def timed(self, op: str, track: str, execution: Callable[[], int], run: Callable[[], Any]) -> Callable[[], Any]:
-        """``run`` wrapped so that each call adds one event (its start and end)."""
-        now = time.perf_counter_ns
+    def timed(self, op: str, track: str, owner: Any, run: Callable[[], Any]) -> Callable[[], Any]:
+        """``run`` wrapped so that each call that returns adds one event (its start and end);
+        ``owner.execution`` is the execution it belongs to (read when the call starts).
+        A call that raises (the loop ending at teardown, an abort) adds none."""
+        now, append = time.perf_counter_ns, self._events.append
 
         def recorded() -> Any:
-            index, start = execution(), now()
-            try:
-                return run()
-            finally:
-                self.add(op, track, index, start, now())
+            index, start = owner.execution, now()
+            value = run()
+            append((op, track, index, start, now()))
+            return value
 
         return recorded
+
+
+class At:
+    """A fixed execution index, for ``Recorder.timed``'s ``owner`` (a comm-thread body)."""
+
+    __slots__ = ("execution",)
+
+    def __init__(self, execution: int) -> None:
+        self.execution = execution
 
 
 def register(tag: str, capacity: int) -> Recorder:

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from cgraph.runtime import recording
-from cgraph.runtime.recording import Recorder
+from cgraph.runtime.recording import At, Recorder
 from cgraph.visualize.trace import summarize, trace_of
 
 MS = 1_000_000  # ns
@@ -71,18 +71,20 @@ def test_the_summary_measures_busy_compute_comm_and_overlap() -> None:
     assert "overlapped 50% of comm" in str(d)
 
 
-def test_the_recorder_keeps_the_latest_events_and_times_a_step_that_raises() -> None:
+def test_the_recorder_keeps_the_latest_events_and_a_step_that_raises_adds_none() -> None:
     rec = Recorder(3)
     for i in range(5):
         rec.add("a.C1", "loop", i, i, i + 1)
     assert [e[2] for e in rec.snapshot()] == [2, 3, 4]
+    owner = At(7)
+    rec.timed("a.C2", "loop", owner, lambda: None)()
+    owner.execution = 8  # read when the call starts
 
     def boom() -> None:
-        raise ValueError("user error")
+        raise ValueError("the loop ends")
 
-    step = rec.timed("a.C2", "loop", lambda: 7, boom)
     with pytest.raises(ValueError):
-        step()
+        rec.timed("a.C3", "loop", owner, boom)()
     op, track, execution, start, end = rec.snapshot()[-1]
     assert (op, track, execution) == ("a.C2", "loop", 7) and start <= end
 
