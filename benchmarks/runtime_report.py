@@ -43,7 +43,10 @@ DEFINITIONS = """\
                   fanout3  driver -> A, B, C -> D.combine(A, B, C) -> driver
                            (4 actors, 7 channels)                         hops 3
                 hops = channel hops on the critical path, driver to driver;
-                per-hop median = median round trip / hops
+                per-hop median = median round trip / hops. "timeline=True":
+                the same graph recording one event per op per execution
+                (compiled.timeline()); its target compares its median with
+                plain cgraph's, same run
     throughput  a uint8 array through driver -> A.echo -> B.checksum -> driver;
                 B returns (nbytes, first, last), so the array crosses two channels
                 (two copies) and the driver gets a few bytes back. Two rates, in
