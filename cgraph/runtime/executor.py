@@ -315,10 +315,8 @@ def _waiting(op: Op, ctx: Context) -> Step | None:
     """What a COMPUTE waits for before its method can run: its arguments still in flight
     on the comm stream, and the sends it is fenced behind (None: it can wait for nothing)."""
     spec = ctx.program.computes[op.node]
-    in_flight = {o.node for o in ctx.program.ops if o.kind is OpKind.RECV and o.stream is Stream.COMM}
-    in_flight |= {o.node for o in ctx.program.ops if o.kind is OpKind.COLLECTIVE and o.stream is Stream.COMM}
-    args = [what for kind, what in (*spec.args, *(arg for _, arg in spec.kwargs)) if kind == ARG_VALUE]
-    nodes = [node for node in args if node in in_flight or node in _collective_outputs(ctx)]
+    args = {what for kind, what in (*spec.args, *(arg for _, arg in spec.kwargs)) if kind == ARG_VALUE}
+    nodes = sorted(args & _in_flight(ctx.program))
     fenced = op.node in ctx.fenced
     if not nodes and not fenced:
         return None
@@ -333,13 +331,12 @@ def _waiting(op: Op, ctx: Context) -> Step | None:
     return wait
 
 
-def _collective_outputs(ctx: Context) -> set[str]:
-    """The values a collective of the comm stream produces on this actor (its ITEM outputs)."""
-    comm = ctx.program.comm
-    if comm is None:
-        return set()
-    return {c.output for node, c in comm.collectives.items() if c.output and any(
-        o.node == node and o.stream is Stream.COMM for o in ctx.program.ops)}
+def _in_flight(program: ActorProgram) -> set[str]:
+    """The values this actor's comm stream delivers: RECVs and collective outputs on it."""
+    on_comm = {op.node: op.kind for op in program.ops if op.stream is Stream.COMM}
+    received = {node for node, kind in on_comm.items() if kind is OpKind.RECV}
+    collectives = program.comm.collectives if program.comm is not None else {}
+    return received | {c.output for node, c in collectives.items() if c.output and node in on_comm}
 
 
 def run_actor_loop(instance: object, program: ActorProgram) -> str:

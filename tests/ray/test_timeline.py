@@ -83,6 +83,11 @@ def test_one_event_per_op_per_execution_on_separate_tracks(stages: list[Any], sh
             counts = [per_op[(label, str(op), i)] for i in range(EXECUTIONS)]
             assert counts == [1] * EXECUTIONS, (str(op), counts)
     assert sum(per_op[("driver", "execute", i)] for i in range(EXECUTIONS)) == EXECUTIONS
+    waits = {e["name"] for e in events if e["name"].startswith("wait ")}
+    if overlap and shape is seed_shape:  # the receiver's methods wait for the overlapped RECVs
+        assert waits == {"wait d.C4", "wait d.C5", "wait d.C6"}, waits
+    elif not overlap:
+        assert waits == set(), waits  # nothing is ever in flight for a method
 
     by_track: dict[tuple[int, int], list[tuple[float, float]]] = {}
     for e in events:
