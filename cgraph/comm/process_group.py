@@ -34,6 +34,7 @@ waiting, while dropping the process group closes its connections.
 from __future__ import annotations
 
 import threading
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -135,12 +136,15 @@ class ProcessGroupCommunicator(Communicator):
         rendezvous: where the ranks meet.
         rank, world_size: this rank and the group's size.
         backend: "gloo" (CPU tensors, calls block) or "nccl" (CUDA tensors on ``stream``).
+        nodes: each rank's node, by rank (the reduction server's teams follow them); empty:
+            every rank on one node.
 
     Raises:
         RuntimeError: the backend cannot run here (NCCL needs CUDA and a torch built with it).
     """
 
-    def __init__(self, rendezvous: StoreRendezvous, rank: int, world_size: int, backend: str = "nccl") -> None:
+    def __init__(self, rendezvous: StoreRendezvous, rank: int, world_size: int, backend: str = "nccl",
+                 nodes: Sequence[Hashable] = ()) -> None:
         import torch
 
         if backend not in BACKENDS:
@@ -163,6 +167,7 @@ class ProcessGroupCommunicator(Communicator):
         self._lock = threading.Lock()
         self._done = False
         self._transport: ProcessGroupTransport | None = None
+        self._nodes = tuple(nodes) if nodes else (0,) * world_size
 
     @property
     def rank(self) -> int:
@@ -199,8 +204,7 @@ class ProcessGroupCommunicator(Communicator):
 
     def _allreduce_with(self, pg: Any, tensor: torch.Tensor, op: ReduceOp, name: str) -> None:
         if self._transport is None:
-            nodes = (0,) * self._size  # a DAG's group: one layout (the reduction server's teams are flat)
-            self._transport = ProcessGroupTransport(pg, nodes)
+            self._transport = ProcessGroupTransport(pg, self._nodes)
         with NumpyView(tensor) as flat:
             algorithms.allreduce(self._transport, flat, op, name)
 

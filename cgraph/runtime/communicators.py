@@ -63,6 +63,7 @@ class GroupEndpoint:
     world_size: int
     payload: Any  # kind-specific: link ends, a rendezvous, the user's object
     control: Any = None  # a reader handle the driver closes to abort a watched group (shm or socket)
+    nodes: tuple[str, ...] = ()  # each member's Ray node ("" for the driver's), by rank
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def _open_nccl(g: GroupEndpoint) -> Communicator:
 def _open_gloo(g: GroupEndpoint) -> Communicator:
     from cgraph.comm.process_group import ProcessGroupCommunicator
 
-    return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "gloo")
+    return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "gloo", nodes=g.nodes)
 
 
 def _open_custom(g: GroupEndpoint) -> Communicator:
@@ -381,7 +382,8 @@ def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str,
             res.channels.append(channel)
             controls[rank] = channel.reader_handle(0)
     return {
-        actor: GroupEndpoint(f"{tag}/{group.name}", group.kind, rank, n, payloads[rank], controls[rank])
+        actor: GroupEndpoint(f"{tag}/{group.name}", group.kind, rank, n, payloads[rank], controls[rank],
+                             tuple(hosts[m] for m in group.members))
         for rank, actor in enumerate(group.members)
     }
 

@@ -312,7 +312,8 @@ def check_gloo_across_nodes(a, b, c) -> None:
     with InputNode() as inp:
         x = b.tensor.bind(inp).with_tensor_transport("nccl")  # node2 -> head
         y = a.twice.bind(x).with_tensor_transport("nccl")  # head -> node2
-        ra, rc = allreduce.bind([a.tensor.bind(inp), c.tensor.bind(inp)])  # head + node2
+        ra, rc = allreduce.bind([a.tensor.bind(inp), c.tensor.bind(inp)],  # head + node2
+                                algorithm="reduction_server")  # its teams follow the two nodes
         dag = MultiOutputNode([c.total.bind(y), a.total.bind(ra), c.total.bind(rc)])
     got = {}
     for overlap in (False, True):

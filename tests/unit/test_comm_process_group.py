@@ -32,12 +32,12 @@ class _Meet:
         return self.store
 
 
-def ranks(n: int, work: Callable[[ProcessGroupCommunicator], Any]) -> list[Any]:
+def ranks(n: int, work: Callable[[ProcessGroupCommunicator], Any], nodes: tuple[str, ...] = ()) -> list[Any]:
     """Run ``work(comm)`` on ``n`` gloo ranks at once; their results by rank."""
     meet = _Meet(dist.HashStore())
 
     def one(rank: int) -> Any:
-        comm = ProcessGroupCommunicator(meet, rank, n, "gloo")  # type: ignore[arg-type]
+        comm = ProcessGroupCommunicator(meet, rank, n, "gloo", nodes=nodes)  # type: ignore[arg-type]
         try:
             return work(comm)
         finally:
@@ -185,3 +185,18 @@ def test_cgraphs_algorithms_run_on_the_gloo_communicator(algorithm: str) -> None
 
     for got, b in ranks(3, work):
         assert got == (torch.arange(10, dtype=torch.float32) * 6).tolist() and b == [3.0] * 3
+
+
+def test_the_reduction_server_follows_the_members_nodes() -> None:
+    def work(c: ProcessGroupCommunicator) -> Any:
+        c.algorithm = "reduction_server"
+        t = torch.full((12,), float(c.rank))
+        c.allreduce(t, "sum")
+        transport = c._transport
+        assert transport is not None
+        return t.tolist(), [transport.node_of(r) for r in range(c.world_size)]
+
+    for got, layout in ranks(4, work, nodes=("x", "x", "y", "y")):
+        assert got == [6.0] * 12 and layout == ["x", "x", "y", "y"]
+    for _, layout in ranks(2, work):
+        assert layout == [0, 0]  # no layout given: one node
