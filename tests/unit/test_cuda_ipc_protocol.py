@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from cgraph.comm.cuda_ipc import CudaIpcCommunicator, create_ipc_links
+from cgraph.errors import ChannelClosedError
 
 
 class Event:
@@ -156,3 +157,13 @@ def test_identity_comes_from_the_links_and_the_engine(pair) -> None:  # type: ig
     assert [(c.rank, c.world_size) for c in pair] == [(0, 2), (1, 2)]
     assert all(c.device == c._ops.device and c.stream is not None for c in pair)
     pair[0].synchronize()  # the engine's; a no-op in the stand-in
+
+
+def test_a_wrong_peer_is_refused_and_destroy_is_final(pair) -> None:  # type: ignore[no-untyped-def]
+    first = pair[0]
+    with pytest.raises(ValueError, match="no peer 0 in a group of 2"):
+        first.send(torch.ones(2), 0)
+    first.destroy()
+    first.destroy()  # idempotent
+    with pytest.raises(ChannelClosedError, match="CUDA IPC communicator was destroyed"):
+        first.send(torch.ones(2), 1)
