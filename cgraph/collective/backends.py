@@ -18,6 +18,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cgraph.comm.process_group import backend_available
 from cgraph.comm.teams import Team
 from cgraph.comm.types import ReduceOp
 
@@ -78,21 +79,12 @@ def _torch_connect(membership: Any, hooks: Any) -> GroupComm:
 
 def gloo_available() -> bool:
     """True when torch.distributed has the gloo backend."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return False
-    return bool(dist.is_available() and dist.is_gloo_available())
+    return backend_available("gloo")
 
 
 def nccl_available() -> bool:
     """True when torch.distributed has NCCL and this process sees a CUDA device."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return False
-    return bool(dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available())
+    return backend_available("nccl")
 
 
 BACKENDS: dict[str, Backend] = {

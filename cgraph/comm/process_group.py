@@ -84,10 +84,12 @@ def process_group(backend: str, store: Any, rank: int, size: int, timeout: timed
 
 
 def backend_available(backend: str) -> bool:
-    """True when this process can build a ``backend`` group (nccl: CUDA too)."""
-    import torch
-    import torch.distributed as dist
-
+    """True when this process can build a ``backend`` group (nccl: CUDA too); False without torch."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return False
     if backend == "gloo":
         return bool(dist.is_available() and dist.is_gloo_available())
     return bool(dist.is_available() and dist.is_nccl_available() and torch.cuda.is_available())
