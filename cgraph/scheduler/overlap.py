@@ -14,9 +14,10 @@ NCCL edges; ``@comm`` omitted):
 
 A RECV on actor x may not pass:
 
-- an earlier RECV of x (RECVs keep their relative order);
-- an earlier comm op of x with the same peer (pairs stay in the same order on
-  both sides);
+- an earlier comm op of x (SEND, RECV or COLLECTIVE): x's comm ops run one
+  after another on its one comm stream, so a RECV hoisted above a SEND to
+  another actor would hold that SEND until its own sender arrives (the
+  simulator, ``simulate``, predicts the cost: see its tests);
 - any op of x that its matching SEND depends on, through program order,
   WRITE -> READ, and rendezvous pairs / collectives taken as one event.
 
@@ -176,30 +177,27 @@ def _last(order: _Order, actor: ActorId, bits: int) -> int:
 def _anchors(order: _Order, actor: ActorId, ops: tuple[Op, ...], pinned: set[int]) -> dict[int, int]:
     """For each RECV to hoist (all but the ``pinned``), the staying op it goes right after.
 
-    A RECV stays after the ops its SEND needs, the RECV before it and the last
-    comm op with the same peer. When one of those is itself hoisted, it stays
+    A RECV stays after the ops its SEND needs and the last comm op before it. When one of those is itself hoisted, it stays
     after that RECV's anchor instead (hoisted RECVs with one anchor keep their
     order); hoisted RECVs are masked out of "needed" so that the ops before
     them still count.
     """
     anchors: dict[int, int] = {}  # -1: first in the lane
     hoisted = 0  # bits of the RECVs given an anchor so far
-    last_recv = -1
-    last_with: dict[ActorId, int] = {}
+    last_comm = -1
     for pos, op in enumerate(ops):
         if op.kind is OpKind.RECV:
             if pos not in pinned:
                 needed = _needed(order, actor, op)
-                bounds = [last_recv, last_with.get(op.peer, -1)]
+                bounds = [last_comm]
                 if needed is None:
                     bounds.append(pos - 1)
                 else:
                     bounds += [_last(order, actor, needed & ~hoisted), _last(order, actor, needed & hoisted)]
                 anchors[pos] = max(anchors.get(b, b) for b in bounds)
                 hoisted |= 1 << order.slot[actor][pos]
-            last_recv = pos
         if op.kind in COMM_KINDS:
-            last_with.update(dict.fromkeys(op.peers, pos))
+            last_comm = pos
     return anchors
 
 

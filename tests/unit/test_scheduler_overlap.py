@@ -13,6 +13,7 @@ from cgraph.scheduler import (
     parse_schedule,
     plan_channels,
 )
+from cgraph.scheduler.simulate import compute_reads, op_key, simulate
 from tests.unit.test_scheduler_invariants import assert_overlap_ok, assert_schedule_ok, hoisted_ops
 
 
@@ -44,21 +45,51 @@ def test_a_recv_stops_below_what_its_send_needs() -> None:
 
 
 def test_hoists_that_close_a_cycle_together_are_pinned_one_by_one() -> None:
-    # Each hoist alone is safe; both together make a wait for c.R1, which needs a.W1:
-    #   a.RECV8<b before a.W1  and  b.RECV5<c before b.SEND8>a
-    lowered = parse_schedule("a.C1 a.W1 a.RECV8<b | b.C7 b.SEND8>a b.RECV5<c | c.R1 c.C5 c.SEND5>b")
+    # Each hoist alone is safe; both together close a cycle through the two WRITEs
+    # they pass: x.RECV8<p before x.W1 (p.SEND8 needs y.W5, q.SEND9 needs x.W1)
+    # and y.RECV9<q before y.W5.
+    lowered = parse_schedule(
+        "x.C1 x.W1 x.RECV8<p | y.C5 y.W5 y.RECV9<q | p.R5 p.C8 p.SEND8>x | q.R1 q.C9 q.SEND9>y"
+    )
     assert find_deadlock(lowered) is None
     both = parse_schedule(
-        "a.RECV8<b@comm a.C1 a.W1 | b.RECV5<c@comm b.C7 b.SEND8>a@comm | c.R1 c.C5 c.SEND5>b@comm"
+        "x.RECV8<p@comm x.C1 x.W1 | y.RECV9<q@comm y.C5 y.W5 | p.R5 p.C8 p.SEND8>x@comm | q.R1 q.C9 q.SEND9>y@comm"
     )
     deadlock = find_deadlock(both)
-    assert deadlock is not None and len(deadlock.cycle) == 3
+    assert deadlock is not None and len(deadlock.cycle) == 4
     after = overlap(lowered)
     assert format_schedule(after) == (
-        "a.C1 a.W1 a.RECV8<b@comm | b.RECV5<c@comm b.C7 b.SEND8>a@comm | c.R1 c.C5 c.SEND5>b@comm"
+        "x.C1 x.W1 x.RECV8<p@comm | y.RECV9<q@comm y.C5 y.W5 | p.R5 p.C8 p.SEND8>x@comm | q.R1 q.C9 q.SEND9>y@comm"
     )
     assert find_deadlock(after) is None
     assert_overlap_ok(lowered, after)
+
+
+def test_a_recv_never_passes_an_earlier_comm_op() -> None:
+    # x's comm ops run one after another on its comm stream: RECV2<z hoisted above
+    # SEND1>y would hold y's value until z's slow C2 ends (predicted 104 against 54).
+    graph = parse_graph(
+        """
+        actor x = W(gpus=1)
+        actor y = W(gpus=1)
+        actor z = W(gpus=1)
+        n0 = input
+        n1 = x.f(n0) :nccl
+        n2 = z.h(n0) :nccl
+        n3 = y.g(n1)
+        n4 = x.k(n2)
+        return [n3, n4]
+        """
+    )
+    lowered = lower(graph, plan_channels(graph))
+    after = overlap(lowered)
+    assert [str(op) for op in after["x"]] == [
+        "x.R0", "x.C1", "x.SEND1>y@comm", "x.RECV2<z@comm", "x.C4", "x.W4"]
+    times = {op_key(op): 1 for ops in lowered.values() for op in ops} | {"z.C2": 50, "y.C3": 50}
+    reads = compute_reads(graph)
+    assert simulate(after, times, reads=reads).makespan == simulate(lowered, times, reads=reads).makespan == 54
+    hoisted = {**after, "x": (after["x"][3], *after["x"][:3], *after["x"][4:])}
+    assert simulate(hoisted, times, reads=reads).makespan == 104
 
 
 def test_recvs_keep_their_order() -> None:
@@ -82,14 +113,14 @@ def test_a_deadlocked_schedule_only_moves_to_the_comm_stream() -> None:
     )
 
 
-def test_collectives_go_to_the_comm_stream_and_order_recvs_from_their_members() -> None:
-    # b.RECV6<c passes the collective (c is no member); b.RECV7<a stays after it
+def test_collectives_go_to_the_comm_stream_and_recvs_stay_after_them() -> None:
+    # b.RECV6<c stays after the collective though c is no member: one comm stream runs both
     lowered = parse_schedule(
         "a.R1 a.C2 a.COLL3[a,b] a.W4 a.C7 a.SEND7>b | b.C5 b.COLL3[a,b] b.RECV6<c b.RECV7<a | c.C6 c.SEND6>b"
     )
     after = overlap(lowered)
     assert format_schedule(after) == (
         "a.R1 a.C2 a.COLL3[a,b]@comm a.W4 a.C7 a.SEND7>b@comm"
-        " | b.RECV6<c@comm b.C5 b.COLL3[a,b]@comm b.RECV7<a@comm | c.C6 c.SEND6>b@comm"
+        " | b.C5 b.COLL3[a,b]@comm b.RECV6<c@comm b.RECV7<a@comm | c.C6 c.SEND6>b@comm"
     )
     assert_overlap_ok(lowered, after)
