@@ -201,33 +201,44 @@ def plan(dag: Any, **options: Any) -> CompiledPlan:
 
 
 def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
-    dag: Any,
-    *,
-    overlap_gpu_communication: bool = False,
-    max_inflight_executions: int = 10,
-    buffer_size_bytes: int = 1 << 20,
-    submit_timeout: float | None = 10.0,
-    get_timeout: float | None = None,
-    enable_asyncio: bool = False,
-    default_communicator: Any = None,
-    cpu_affinity: Any = None,
-    max_buffered_results: int = 1000,
-    max_value_bytes: int = 16 << 30,
-    tls: bool | None = None,
-    timeline: bool | None = None,
+    dag: Any, *, overlap_gpu_communication: bool = False, max_inflight_executions: int = 10,
+    buffer_size_bytes: int = 1 << 20, submit_timeout: float | None = 10.0,
+    get_timeout: float | None = None, enable_asyncio: bool = False,
+    default_communicator: Any = None, cpu_affinity: Any = None, max_buffered_results: int = 1000,
+    max_value_bytes: int = 16 << 30, tls: bool | None = None, timeline: bool | None = None,
     timeline_executions: int = 100,
 ) -> Any:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
+    Options take Ray Compiled Graphs' names without the underscore, and Ray's defaults.
+
     Args:
         dag: the root of a Ray DAG over actor handles: a ``MultiOutputNode`` or
             one bound call.
-        overlap_gpu_communication, max_inflight_executions, ...: the options, each
-            documented on ``cgraph.runtime.CompileOptions`` (Ray's defaults where Ray has one).
+        overlap_gpu_communication: run communicator receives early, beside compute.
+        max_inflight_executions: executions submitted and not yet read from the
+            output channels, at most (``execute`` waits for room beyond it).
+        buffer_size_bytes: initial size of each shared-memory slot (grows once if needed).
+        submit_timeout: seconds ``execute`` waits for room (``None``/negative: no limit).
+        get_timeout: default seconds ``get`` waits (``None``/negative: no limit).
+        enable_asyncio: prepare ``execute_async``.
+        default_communicator: for tensor edges the actors cannot serve themselves:
+            ``"cpu"`` (shared-memory links, actors on the driver's node), ``"gloo"``
+            (any nodes), ``"nccl"``, or a ``cgraph.Communicator`` object.
+        cpu_affinity: ``None`` (the OS places processes), ``"colocate"`` (pin the
+            driver's thread and its node's actor loops to one CPU: lowest latency for
+            small graphs, methods run one at a time), or a set of CPU ids.
+        max_buffered_results: results read before their refs asked for them, at most.
+        max_value_bytes: the largest value an edge between nodes carries.
+        tls: mutual TLS on every socket between nodes (``None``: ``CGRAPH_TLS=1``
+            or ``RAY_USE_TLS=1`` turns it on).
+        timeline: record one event per op per execution for ``timeline()``
+            (``None``: on when ``CGRAPH_TIMELINE`` names a file).
+        timeline_executions: how many of the latest executions each actor keeps.
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,
-        ``teardown``.
+        ``timeline``, ``teardown``.
 
     Raises:
         DAGValidationError: (or a subclass) the DAG breaks a front-end rule.
@@ -239,14 +250,17 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     """
     # the first statement: locals() holds exactly the keyword arguments above
     options = CompileOptions(**{name: value for name, value in locals().items() if name != "dag"})
+    return _launch(dag, options)
+
+
+def _launch(dag: Any, options: CompileOptions) -> Any:
+    from cgraph import visualize
     from cgraph.runtime.launch import launch, locate_actors
 
     planned = _plan(dag, options, locate=locate_actors)
     compiled = launch(planned.front, planned.planned, options)
     compiled.drawer = draw_schedule  # the runtime draws through it, without importing the compiler
-    from cgraph.visualize import trace
-
-    compiled.tracer = trace  # and builds traces through it
+    compiled.tracer = visualize  # and builds traces, summaries and timeline pictures through it
     return compiled
 
 

@@ -6,9 +6,14 @@
 Compiled twice, without and with ``overlap_gpu_communication``: with it, the
 receiver posts its three receives first, on its communication stream/thread,
 so the second and third tensors arrive while it multiplies the first. The
-script prints both durations and the speed-up; with
-``CGRAPH_VISUALIZE_SCHEDULE=1`` it also writes both schedule pictures (ops
-moved by the overlap pass in red) and logs where.
+script prints both durations and the speed-up, then one recorded pass of each
+mode: per actor its busy, compute and comm time and how much comm overlapped
+compute, an execution's critical path, and what the schedule simulator predicts
+for the same op durations without and with overlap, with comm on its own engine
+(a GPU's copy engines) and sharing the actor's cores (this CPU machine). It
+writes each pass's timeline (Chrome trace JSON and a Gantt PNG) next to the
+schedule pictures, which ``CGRAPH_VISUALIZE_SCHEDULE=1`` writes (ops moved by
+the overlap pass in red).
 
 - Several GPUs: one actor per GPU, NCCL between them (as in Ray's example).
 - One GPU: the four actors share it (num_gpus=0.25), so the edges use CUDA
@@ -102,7 +107,8 @@ def run(overlap: bool, actors: tuple, shape: tuple[int, int], dtype: torch.dtype
 
 
 def explain(actors: tuple, shape: tuple[int, int], dtype: torch.dtype, side: int | None) -> None:
-    """One recorded pass per mode: where the time went (compiled with ``timeline=True``)."""
+    """One recorded pass per mode (compiled with ``timeline=True``): where the time went,
+    and what the schedule simulator predicts for the same schedule with and without overlap."""
     import cgraph
 
     senders, receiver, transport, compile_options = actors
@@ -118,12 +124,14 @@ def explain(actors: tuple, shape: tuple[int, int], dtype: torch.dtype, side: int
         try:
             for i in range(5):
                 ray.get(compiled.execute(i))
-            path = compiled.timeline(folder / f"timeline-overlap-{str(overlap).lower()}.json")
+            name = f"timeline-overlap-{str(overlap).lower()}"
+            trace = compiled.timeline(folder / f"{name}.json")
+            picture = compiled.timeline(folder / f"{name}.png", executions=2)
             summary = compiled.timeline_summary()
         finally:
             compiled.teardown()
-        label = next(label for label in summary if label.startswith("d "))
-        print(f"recorded, overlap={overlap}: receiver {summary[label]} (trace: {path})")
+        print(f"\nrecorded, overlap_gpu_communication={overlap} (trace: {trace}, picture: {picture})")
+        print(summary)
 
 
 def main() -> None:
@@ -155,12 +163,12 @@ def main() -> None:
             for overlap in (False, True):
                 best[overlap] = min(best[overlap], run(overlap, actors, (size, size), dtype, iters, side))
             os.environ.pop("CGRAPH_VISUALIZE_SCHEDULE", None)  # one picture per mode is enough
+        for overlap in (False, True):
+            print(f"overlap_gpu_communication={overlap}, duration={best[overlap]:.3f}s")
+        print(f"speedup with overlap: {best[False] / best[True]:.2f}x")
         explain(actors, (size, size), dtype, side)
     finally:
         ray.shutdown()
-    for overlap in (False, True):
-        print(f"overlap_gpu_communication={overlap}, duration={best[overlap]:.3f}s")
-    print(f"speedup with overlap: {best[False] / best[True]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ class CompiledGraph(OutputReader):
                         and [k for k, _ in endpoints.output_spec] == ["node"] else None)
         self._monitor: Any = None
         self.drawer: Any = None  # draw_schedule(planned, filename, format=, view=): set by the compiler
-        self.tracer: Any = None  # cgraph.visualize.trace (trace_of, summarize): set by the compiler
+        self.tracer: Any = None  # cgraph.visualize (trace_of, explain, draw_timeline): set by the compiler
         self._tag = tag
         self._recorder = Recorder(2 * options.timeline_executions) if records(options) else None
         _LIVE.add(self)
@@ -235,27 +235,44 @@ class CompiledGraph(OutputReader):
             raise RuntimeError("this graph was started without cgraph.compile, which gives it a way to draw")
         return self.drawer(self.planned, filename, format=format, view=view)
 
-    def timeline(self, path: str | os.PathLike[str] | None = None) -> Any:
-        """The recorded executions as Chrome trace-event JSON (open it in ui.perfetto.dev).
+    def timeline(self, path: str | os.PathLike[str] | None = None, executions: int = 3) -> Any:
+        """The recorded executions as Chrome trace-event JSON (open it in ui.perfetto.dev),
+        or as a Gantt picture when ``path`` ends in .png, .svg or .pdf.
 
-        One process per actor (and the driver), one thread per track (the loop and
-        the comm thread), flow arrows from each send to its receive. Writes ``path``
-        and returns it when given; returns the trace (a dict) otherwise.
+        The trace has one process per actor (and the driver), one thread per track
+        (the loop and the comm thread), flow arrows from each send to its receive.
+        The picture draws the last ``executions`` executions, comm coloured apart
+        from compute. Writes ``path`` and returns it when given; returns the trace
+        (a dict) otherwise.
 
         Raises:
             RuntimeError: the graph was compiled without ``timeline=True`` (or
                 ``CGRAPH_TIMELINE``), or without ``cgraph.compile``.
         """
-        trace = self.tracer.trace_of(self._tracks())
+        tracks = self._tracks()
+        if path is not None and Path(path).suffix.lower() in (".png", ".svg", ".pdf"):
+            return self.tracer.draw_timeline(tracks, path, executions=executions)
+        trace = self.tracer.trace_of(tracks)
         if path is None:
             return trace
         Path(path).write_text(json.dumps(trace))
         return Path(path)
 
-    def timeline_summary(self) -> dict[str, Any]:
-        """Per process (the driver and each actor's label): busy, idle, compute and comm
-        time and the overlap fraction of the recorded executions (``visualize.trace.Summary``)."""
-        return self.tracer.summarize(self._tracks())  # type: ignore[no-any-return]
+    def timeline_summary(self) -> Any:
+        """What the recorded executions measured, and what the schedule simulator predicts.
+
+        Returns a ``cgraph.visualize.TimelineSummary``: a mapping from each process
+        (the driver and each actor's label) to its busy, idle, compute and comm time
+        and overlap fraction, plus ``makespan`` (an execution's median span),
+        ``critical_path`` (the ops that set the end of that execution, with their
+        seconds) and ``predicted`` (the simulator on the recorded op durations: this
+        schedule without and with the overlap pass, comm on its own engine and
+        sharing the actor's cores). ``print()`` it for a report.
+
+        Raises:
+            RuntimeError: as ``timeline``.
+        """
+        return self.tracer.explain(self._tracks(), self.planned)
 
     def _tracks(self) -> list[Any]:
         if self._recorder is None or self.tracer is None:

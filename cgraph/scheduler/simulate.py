@@ -1,6 +1,7 @@
 """Predicting one execution: a schedule and each op's duration give its makespan.
 
     simulate(schedule, durations, machine=Machine.OWN_ENGINE) -> Prediction(makespan, tracks)
+    critical_path(schedule, times)                            -> the ops that set the end
 
 The model runs one execution with every channel empty and the driver's input
 ready at 0. Each actor has a loop and a comm engine (its comm thread, or stream):
@@ -25,9 +26,11 @@ Beyond its resource and lane order, an op starts only after
                    the comm stream before it in its lane (the fence before user code)
     WRITE v        the comm-stream op of its actor that delivers v, if any
     SEND v, RECV v its partner: the pair runs as one op from when both can start, for the
-                   shorter of the two sides' durations (a recorded side includes its wait
-                   for the other; the side that came last waited least)
-    COLLECTIVE     every member, the same way
+                   SEND's duration (the RECV's if the SEND has none): the sender does the
+                   work (NCCL's kernels end together; the CPU mesh's send is the copy, its
+                   receive a view), and a recorded RECV is mostly its wait for the sender
+    COLLECTIVE     every member, the same way, for the shortest member's duration (a
+                   recorded member includes its wait for the others; the last waited least)
 
 Ties go to the op that can start first (a list scheduler). On OWN_ENGINE every
 resource's order is fixed, so start times are the longest paths of a max-plus
@@ -73,6 +76,10 @@ class Prediction:
     machine: Machine
     makespan: float
     tracks: dict[ActorId, tuple[Span, ...]]
+
+    def times(self) -> dict[str, tuple[float, float]]:
+        """Each op's (start, end), keyed by ``op_key`` (for ``critical_path``)."""
+        return {op_key(span.op): (span.start, span.end) for spans in self.tracks.values() for span in spans}
 
 
 def op_key(op: Op) -> str:
@@ -176,7 +183,9 @@ class _Run:
         return best
 
     def commit(self, group: list[Place], start: float) -> None:
-        given = [self.durations[key] for key in (op_key(self.lanes[a][i]) for a, i in group) if key in self.durations]
+        ops = [self.lanes[a][i] for a, i in group]
+        sends = [op for op in ops if op.kind is OpKind.SEND and op_key(op) in self.durations]
+        given = [self.durations[op_key(op)] for op in (sends or ops) if op_key(op) in self.durations]
         end = start + (min(given) if given else self.default)
         for place in group:
             actor, i = place
@@ -185,6 +194,9 @@ class _Run:
             self.heads[(actor, _track(op))] += 1
             self.free[self._resource(place)] = end
             self.left -= 1
+
+
+_BLOCKING = frozenset({OpKind.READ, OpKind.SEND, OpKind.RECV, OpKind.COLLECTIVE})
 
 
 def _track(op: Op) -> str:
@@ -216,3 +228,47 @@ def _dependencies(ops: tuple[Op, ...], actor: ActorId, i: int, writers: Mapping[
     elif op.kind in (OpKind.WRITE, OpKind.SEND):
         deps += [(actor, j) for j in on_comm if ops[j].kind is not OpKind.SEND and ops[j].node == op.node]
     return deps
+
+
+def critical_path(schedule: Schedule, times: Mapping[str, tuple[float, float]], *,
+                  reads: Mapping[NodeId, Collection[NodeId]] | None = None,
+                  slack: float = 0.0) -> list[str]:
+    """The chain of ops that set one execution's end, first to last (``op_key`` texts).
+
+    ``times``: each op's (start, end), predicted (``Prediction.times()``) or recorded. From
+    the op that ends last, step back again and again to what it waited for that ended
+    last: the op before it on its resource, or a dependency (module docstring); for a
+    pair or collective, any member's. A pair or collective ends when its first member
+    does (a recorded send may return after its data arrived). ``slack`` tolerates
+    recorded clocks (an end up to ``slack`` after the start still counts). A pair is
+    named by the op reached (its RECV when the path comes from the receiver's side).
+    """
+    run = _Run(schedule, {}, Machine.OWN_ENGINE, reads, 0.0)
+    known = {place: times[op_key(run.lanes[place[0]][place[1]])] for place in run.after
+             if op_key(run.lanes[place[0]][place[1]]) in times}
+
+    def group(place: Place) -> list[Place]:
+        op = run.lanes[place[0]][place[1]]
+        return [p for p in run.partners.get(_joint(op), [place]) if p in known] if _joint(op) else [place]
+
+    def end(place: Place) -> tuple[float, float]:  # a pair ends when its data arrived: its earliest end
+        return min(known[p][1] for p in group(place)), known[place][0]
+
+    place = max(known, key=end, default=None)
+    path: list[str] = []
+    while place is not None:
+        op = run.lanes[place[0]][place[1]]
+        path.append(op_key(op))
+        # a READ, pair or collective may have started early and waited inside: what it
+        # waited for ended before it did
+        bound = end(place)[0] if op.kind in _BLOCKING else known[place][0]
+        before = [dep for p in group(place) for dep in (*run.after[p], *_resource_before(run, p))]
+        place = max((dep for dep in before if dep in known and end(dep)[0] <= bound + slack), key=end, default=None)
+    return path[::-1]
+
+
+def _resource_before(run: _Run, place: Place) -> list[Place]:
+    actor, i = place
+    queue = run.queues[(actor, _track(run.lanes[actor][i]))]
+    k = queue.index(i)
+    return [(actor, queue[k - 1])] if k else []

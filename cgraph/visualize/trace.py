@@ -34,7 +34,8 @@ THREADS = {"driver": 0, "loop": 1, "comm": 2}
 COMM_OPS = frozenset({OpKind.SEND, OpKind.RECV, OpKind.COLLECTIVE})
 
 
-def _op(text: str) -> Op | None:
+def recorded_op(text: str) -> Op | None:
+    """The op a recorded event's text names (None: the driver's and a compute's wait events)."""
     try:
         return parse_op(text)
     except GraphSyntaxError:
@@ -58,7 +59,7 @@ def trace_of(tracks: Iterable[Track]) -> dict[str, Any]:
             out.append(_meta("thread_name", pid, THREADS[thread], name=thread))
         for text, thread, execution, start, end in events:
             ts, dur = (start - offset - origin) / 1e3, (end - start) / 1e3
-            op = _op(text)
+            op = recorded_op(text)
             out.append({"ph": "X", "name": text.removesuffix("@comm"), "cat": op.kind.name if op else thread,
                         "pid": pid, "tid": THREADS[thread], "ts": round(ts, 3), "dur": round(dur, 3),
                         "args": {"op": text, "execution": execution}})
@@ -114,7 +115,7 @@ def summarize(tracks: Iterable[Track]) -> dict[str, Summary]:
     for _, label, events, _, _ in tracks:
         if not events:
             continue
-        ops = [(_op(text), thread, start, end) for text, thread, _, start, end in events]
+        ops = [(recorded_op(text), thread, start, end) for text, thread, _, start, end in events]
         compute = [(s, e) for op, thread, s, e in ops if op is not None and op.kind is OpKind.COMPUTE]
         comm = [(s, e) for op, _, s, e in ops if op is not None and op.kind in COMM_OPS]
         on_comm_thread = [(s, e) for op, thread, s, e in ops if thread == "comm"]

@@ -57,6 +57,13 @@ def seed_shape(s: list[Any]) -> Any:
         return MultiOutputNode([s[3].work.bind(t) for t in sent])
 
 
+def tmp_picture() -> Any:
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.mkdtemp(prefix="cgraph-timeline-")) / "timeline.png"
+
+
 def recorded(dag: Any, overlap: bool) -> tuple[Any, dict[str, Any]]:
     compiled = cgraph.compile(dag, default_communicator="cpu", overlap_gpu_communication=overlap, timeline=True)
     try:
@@ -64,7 +71,8 @@ def recorded(dag: Any, overlap: bool) -> tuple[Any, dict[str, Any]]:
             compiled.execute(i).get(timeout=60)
         trace = json.loads(json.dumps(compiled.timeline()))
         summary = compiled.timeline_summary()
-        return compiled, {"trace": trace, "summary": summary}
+        picture = compiled.timeline(tmp_picture(), executions=2)
+        return compiled, {"trace": trace, "summary": summary, "picture": picture}
     finally:
         compiled.teardown()
 
@@ -110,7 +118,15 @@ def test_one_event_per_op_per_execution_on_separate_tracks(stages: list[Any], sh
     assert len(pairs) == EXECUTIONS * (2 if shape is chain else 3)
     for send, recv in pairs:
         assert ends[send][0] <= ends[recv][1], (send, ends[send], recv, ends[recv])
-    assert set(got["summary"]) == {"driver", *compiled._labels.values()}
+    summary = got["summary"]
+    assert set(summary) == {"driver", *compiled._labels.values()}
+    assert summary.executions == EXECUTIONS and summary.makespan > 0
+    path = [op for op, _ in summary.critical_path]  # from the first actor's read to the last write
+    last = "c.W3" if shape is chain else path[-1]
+    assert path[0].endswith(".R0") and path[-1] == last and last.startswith(("c.W", "d.W")), path
+    assert {mode for mode, _ in summary.predicted} == {"without overlap", "with overlap"}
+    assert all(t > 0 for t in summary.predicted.values())
+    assert got["picture"].read_bytes().startswith(b"\x89PNG")
 
 
 def test_nothing_is_recorded_when_the_timeline_is_off(stages: list[Any]) -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cgraph.errors import DeadlockError
 from cgraph.ir import Graph, parse_graph
 from cgraph.scheduler import lower, overlap, parse_schedule, plan_channels
-from cgraph.scheduler.simulate import Machine, compute_reads, op_key, simulate
+from cgraph.scheduler.simulate import Machine, compute_reads, critical_path, op_key, simulate
 from tests.unit.graph_strategies import graphs
 
 OWN, SHARED = Machine.OWN_ENGINE, Machine.SHARED_CORES
@@ -81,9 +81,10 @@ def test_the_seed_overlapped_gains_only_with_its_own_comm_engine() -> None:
     assert simulate(overlapped, SEED_TIMES, machine=OWN).makespan == 85
 
 
-def test_a_pair_takes_the_shorter_side_and_a_collective_its_members() -> None:
+def test_a_pair_takes_its_sends_time_and_a_collective_its_shortest_members() -> None:
     pair = parse_schedule("a.C1 a.SEND1>b | b.RECV1<a b.C2")
-    assert simulate(pair, {"a.C1": 3, "a.SEND1>b": 8, "b.RECV1<a": 2, "b.C2": 1}).makespan == 6
+    assert simulate(pair, {"a.C1": 3, "a.SEND1>b": 8, "b.RECV1<a": 2, "b.C2": 1}).makespan == 12
+    assert simulate(pair, {"a.C1": 3, "b.RECV1<a": 2, "b.C2": 1}).makespan == 6
     coll = parse_schedule("a.C1 a.COLL3[a,b] | b.C2 b.COLL3[a,b]")
     prediction = simulate(coll, {"a.C1": 1, "b.C2": 4, "a.COLL3[a,b]": 2, "b.COLL3[a,b]": 2})
     assert spans(prediction, "a")[1] == ("a.COLL3[a,b]", 4, 6)
@@ -111,3 +112,25 @@ def test_overlap_is_never_predicted_slower_on_its_own_engine(graph: Graph, seed:
     before = simulate(lowered, times, machine=OWN, reads=reads).makespan
     after = simulate(overlapped, times, machine=OWN, reads=reads).makespan
     assert after <= before, (before, after)
+
+
+def test_the_critical_path_of_the_seed() -> None:
+    lowered = lower(SEED, plan_channels(SEED))
+    overlapped = overlap(lowered)
+    reads = compute_reads(SEED)
+    prediction = simulate(overlapped, SEED_TIMES, reads=reads)
+    # s1's compute, the first transfer, then the receiver's computes back to back
+    assert critical_path(overlapped, prediction.times(), reads=reads) == [
+        "s1.R0", "s1.C1", "r.RECV1<s1", "r.C4", "r.W4", "r.C5", "r.W5", "r.C6", "r.W6"]
+    prediction = simulate(lowered, SEED_TIMES, reads=reads)
+    assert critical_path(lowered, prediction.times(), reads=reads) == [
+        "s1.R0", "s1.C1", "r.RECV1<s1", "r.C4", "r.W4", "r.RECV2<s2", "r.C5", "r.W5", "r.RECV3<s3", "r.C6", "r.W6"]
+
+
+def test_a_critical_path_from_recorded_times_crosses_a_channel() -> None:
+    chain = parse_schedule("a.R0 a.C1 a.W1 | b.R1 b.C2 b.W2")
+    # b's READ started early and waited for a's WRITE; recorded clocks are 1 off
+    times = {"a.R0": (0, 1), "a.C1": (1, 9), "a.W1": (9, 10), "b.R1": (2, 10.5), "b.C2": (10.5, 20),
+             "b.W2": (20, 21)}
+    assert critical_path(chain, times, slack=1) == ["a.R0", "a.C1", "a.W1", "b.R1", "b.C2", "b.W2"]
+    assert critical_path(chain, {}) == []

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 
 from cgraph.runtime import recording
 from cgraph.runtime.recording import At, Recorder
+from cgraph.scheduler.simulate import Machine, compute_reads, simulate
+from cgraph.visualize import draw_timeline, explain
+from cgraph.visualize.explain import durations, executions
 from cgraph.visualize.trace import summarize, trace_of
 
 MS = 1_000_000  # ns
@@ -110,3 +114,68 @@ def test_a_process_keeps_the_recorders_of_its_latest_graphs_only() -> None:
     made = [recording.register(f"unit-{i}", 4) for i in range(recording._KEEP_GRAPHS + 2)]
     assert recording.register(f"unit-{recording._KEEP_GRAPHS + 1}", 4) is made[-1]
     assert "unit-0" not in recording._RECORDERS and "unit-1" not in recording._RECORDERS
+
+
+def _seed_tracks(overlap: bool) -> tuple[Any, list[Any]]:
+    """The seed DAG planned, and two recorded executions of it made up from SEED_TIMES (ms)."""
+    from cgraph.scheduler import plan_schedule
+    from tests.unit.test_scheduler_simulate import SEED, SEED_TIMES
+
+    planned = plan_schedule(SEED, overlap=overlap)
+    prediction = simulate(planned.schedule, SEED_TIMES, reads=compute_reads(SEED))
+    tracks: list[Any] = [("driver", "driver", [("execute", "driver", 0, 0, 1)], 0, 0)]
+    for actor, spans in prediction.tracks.items():
+        events = [(str(s.op), s.track, e, int((s.start + 100 * e) * MS), int((s.end + 100 * e) * MS))
+                  for e in (0, 1) for s in spans]
+        tracks.append((actor, f"{actor} (W)", events, 0, 0))
+    return planned, tracks
+
+
+def test_explain_measures_the_makespan_and_critical_path_and_predicts_both_modes() -> None:
+    planned, tracks = _seed_tracks(overlap=True)
+    summary = explain(tracks, planned)
+    assert summary.executions == 2 and summary.makespan == pytest.approx(75e-3)
+    assert [op for op, _ in summary.critical_path] == [
+        "s1.R0", "s1.C1", "r.RECV1<s1", "r.C4", "r.W4", "r.C5", "r.W5", "r.C6", "r.W6"]
+    assert dict(summary.critical_path)["r.C4"] == pytest.approx(20e-3)
+    assert summary.predicted[("without overlap", Machine.OWN_ENGINE)] == pytest.approx(85e-3)
+    assert summary.predicted[("with overlap", Machine.OWN_ENGINE)] == pytest.approx(75e-3)
+    assert summary.predicted[("with overlap", Machine.SHARED_CORES)] == pytest.approx(85e-3)
+    assert summary.speedup(Machine.OWN_ENGINE) == pytest.approx(85 / 75)
+    assert summary["r (W)"].compute == pytest.approx(120e-3)  # a mapping of per-process summaries
+    text = str(summary)
+    assert "critical path: s1.R0 0.00 > s1.C1 10.00" in text and "(1.13x)" in text
+
+
+def test_explain_without_overlap_predicts_what_the_overlap_pass_would_give() -> None:
+    planned, tracks = _seed_tracks(overlap=False)
+    summary = explain(tracks, planned)
+    assert summary.makespan == pytest.approx(85e-3)
+    assert summary.predicted[("with overlap", Machine.OWN_ENGINE)] == pytest.approx(75e-3)
+    assert explain([]).executions == 0 and str(explain(TRACKS)).startswith("measured")
+
+
+def test_durations_take_a_blocking_ops_least_waited_sample() -> None:
+    tracks = [("d", "d", [("d.RECV1<a@comm", "comm", 0, 0, 9 * MS), ("d.RECV1<a@comm", "comm", 1, 0, 2 * MS),
+                          ("d.C2", "loop", 0, 0, 1 * MS), ("d.C2", "loop", 1, 0, 3 * MS),
+                          ("d.C2", "loop", 2, 0, 8 * MS), ("wait d.C2", "loop", 0, 0, 5 * MS)], 0, 0)]
+    assert durations(tracks) == {"d.RECV1<a": pytest.approx(2e-3), "d.C2": pytest.approx(3e-3)}
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_the_gantt_picture_is_written(tmp_path: Any, suffix: str) -> None:
+    _, tracks = _seed_tracks(overlap=True)
+    path = draw_timeline(tracks, tmp_path / f"t{suffix}", executions=1)
+    head = path.read_bytes()[:200]
+    assert head.startswith(b"\x89PNG") if suffix == ".png" else b"<svg" in path.read_bytes()
+    with pytest.raises(ValueError, match="no recorded event"):
+        draw_timeline([], tmp_path / "empty.png")
+
+
+def test_an_actor_waiting_for_the_input_is_idle_until_the_driver_submitted() -> None:
+    tracks = [("driver", "driver", [("execute", "driver", 3, 5 * MS, 6 * MS)], 0, 0),
+              ("a", "a", [("a.R0", "loop", 3, 0, 7 * MS), ("a.C1", "loop", 3, 7 * MS, 9 * MS)], 0, 0)]
+    assert executions(tracks) == {3: {"a.R0": (pytest.approx(6e-3), pytest.approx(7e-3)),
+                                      "a.C1": (pytest.approx(7e-3), pytest.approx(9e-3))}}
+    assert durations(tracks)["a.R0"] == pytest.approx(1e-3)
+    assert explain(tracks).makespan == pytest.approx(3e-3)
