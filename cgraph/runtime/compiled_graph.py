@@ -152,6 +152,7 @@ class CompiledGraph(OutputReader):
     # ------------------------------------------------------------------ public API
     @property
     def schedule(self) -> Any:
+        """Per actor id, the ops its loop runs for one execution (``cgraph.scheduler.Schedule``)."""
         return self.planned.schedule
 
     def execute(self, *args: Any, **kwargs: Any) -> CompiledRef | CompiledRefList:
@@ -323,6 +324,7 @@ class CompiledGraph(OutputReader):
 
     @property
     def is_torn_down(self) -> bool:
+        """Whether ``teardown()`` has run (or begun): the graph takes no more executions."""
         return self._torn_down
 
     is_teardown = is_torn_down  # Ray Compiled Graphs' name

@@ -33,6 +33,7 @@ class CompiledRef(CompiledDAGRef):
 
     @property
     def execution_index(self) -> int:
+        """The index of the execution this ref belongs to (0 for the first ``execute``)."""
         return self._execution_index
 
     def get(self, timeout: float | None = None) -> Any:
