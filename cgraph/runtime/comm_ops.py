@@ -53,7 +53,7 @@ from cgraph.errors import ChannelClosedError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, encode
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, GroupEndpoint, open_group
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.runtime.recording import At
+from cgraph.runtime.recording import At, nbytes
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -99,7 +99,7 @@ class CommState:
         engine = self.engines[id(comm)]
         recorder = self.ctx.recorder
         if recorder is not None and op.stream is Stream.COMM:  # timed on the thread that runs it
-            body = recorder.timed(str(op), "comm", At(self.ctx.execution), body)
+            body = recorder.timed(str(op), "comm", At(self.ctx.execution), body, self._size(op))
         token = engine.mark()
         if self.thread is None:
             return engine.join(*engine.run(token, body))
@@ -112,6 +112,14 @@ class CommState:
         if op.kind is OpKind.SEND:
             self.sends.append(pending)
         return pending
+
+    def _size(self, op: Op) -> Callable[[Any], int | None]:
+        """For a recorded event: the bytes a comm body moved (what it returned, for a SEND
+        the value it sent)."""
+        values = self.ctx.values
+        if op.kind is OpKind.SEND:
+            return lambda _: nbytes(values.get(op.node))
+        return lambda result: nbytes(result[0] if type(result) is tuple else result)
 
     def fence(self) -> None:
         """Before user code runs: every SEND queued so far is done with its tensor

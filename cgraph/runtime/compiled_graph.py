@@ -253,7 +253,7 @@ class CompiledGraph(OutputReader):
         tracks = self._tracks()
         if path is not None and Path(path).suffix.lower() in (".png", ".svg", ".pdf"):
             return self.tracer.draw_timeline(tracks, path, executions=executions)
-        trace = self.tracer.trace_of(tracks)
+        trace = self.tracer.trace_of(tracks, self.tracer.collective_notes(self.planned.graph))
         if path is None:
             return trace
         Path(path).write_text(json.dumps(trace))

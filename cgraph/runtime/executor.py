@@ -33,7 +33,7 @@ from cgraph.runtime.program import (
     ActorProgram,
     ComputeSpec,
 )
-from cgraph.runtime.recording import Recorder, register
+from cgraph.runtime.recording import Recorder, nbytes, register
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -307,8 +307,15 @@ def _recorded_steps(ctx: Context, steps: list[Step]) -> list[Step]:
         waits = _waiting(op, ctx) if op.kind is OpKind.COMPUTE else None
         if waits is not None:  # its wait for values in flight is an event of its own
             out.append(recorder.timed(f"wait {op}", "loop", ctx, waits))
-        out.append(recorder.timed(str(op), "loop", ctx, step))
+        size = None if op.kind is OpKind.COMPUTE else value_size(ctx, op.node)
+        out.append(recorder.timed(str(op), "loop", ctx, step, size))
     return out
+
+
+def value_size(ctx: Context, node: str) -> Callable[[Any], int | None]:
+    """For a recorded event: the bytes of ``node``'s value (None while it is in flight)."""
+    values = ctx.values
+    return lambda _: nbytes(values.get(node))
 
 
 def _waiting(op: Op, ctx: Context) -> Step | None:

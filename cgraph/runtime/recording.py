@@ -7,9 +7,11 @@
     compiled.timeline(path)                asks each actor for its events (``fetch``),
                                            puts every clock on the driver's axis
 
-An event is ``(op, track, execution, start_ns, end_ns)``: ``op`` the op's text
-form (``a.C1``, ``d.RECV1<a@comm``), ``track`` "loop" or "comm" (the thread that
-ran it), times from ``time.perf_counter_ns`` (CLOCK_MONOTONIC: one clock for
+An event is ``(op, track, execution, start_ns, end_ns, nbytes)``: ``op`` the op's
+text form (``a.C1``, ``d.RECV1<a@comm``), ``track`` "loop" or "comm" (the thread
+that ran it), ``nbytes`` the bytes of arrays and tensors the op moved (READ, WRITE,
+SEND, RECV, COLLECTIVE; None for a compute, or a value with no buffer to count),
+times from ``time.perf_counter_ns`` (CLOCK_MONOTONIC: one clock for
 every process of a machine). Off, nothing is wrapped and nothing is recorded:
 the loop runs the same steps as before. On, each actor keeps a ring of the last
 ``timeline_executions`` executions (bounded memory); the loop and comm threads
@@ -31,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-Event = tuple[str, str, int, int, int]
-"""(op text, track, execution, start_ns, end_ns)."""
+Event = tuple[str, str, int, int, int, int | None]
+"""(op text, track, execution, start_ns, end_ns, nbytes)."""
 
 _KEEP_GRAPHS = 4
 """Recorders a process keeps (most recent graphs first): a graph's events outlive its loop
@@ -47,8 +49,9 @@ class Recorder:
     def __init__(self, capacity: int) -> None:
         self._events: collections.deque[Event] = collections.deque(maxlen=max(capacity, 1))
 
-    def add(self, op: str, track: str, execution: int, start_ns: int, end_ns: int) -> None:
-        self._events.append((op, track, execution, start_ns, end_ns))  # atomic: no lock on the hot path
+    def add(self, op: str, track: str, execution: int, start_ns: int, end_ns: int,
+            nbytes: int | None = None) -> None:
+        self._events.append((op, track, execution, start_ns, end_ns, nbytes))  # atomic: no lock needed
 
     def snapshot(self) -> list[Event]:
         """The events so far (copied while the loop and comm threads may still append)."""
@@ -58,19 +61,38 @@ class Recorder:
             except RuntimeError:  # appended during the copy ("deque mutated"): copy again
                 continue
 
-    def timed(self, op: str, track: str, owner: Any, run: Callable[[], Any]) -> Callable[[], Any]:
+    def timed(self, op: str, track: str, owner: Any, run: Callable[[], Any],
+              size: Callable[[Any], int | None] | None = None) -> Callable[[], Any]:
         """``run`` wrapped so that each call that returns adds one event (its start and end);
-        ``owner.execution`` is the execution it belongs to (read when the call starts).
-        A call that raises (the loop ending at teardown, an abort) adds none."""
+        ``owner.execution`` is the execution it belongs to (read when the call starts);
+        ``size(returned value)`` gives the event's bytes. A call that raises (the loop
+        ending at teardown, an abort) adds none."""
         now, append = time.perf_counter_ns, self._events.append
 
         def recorded() -> Any:
             index, start = owner.execution, now()
             value = run()
-            append((op, track, index, start, now()))
+            end = now()
+            append((op, track, index, start, end, size(value) if size is not None else None))
             return value
 
         return recorded
+
+
+def nbytes(value: Any, depth: int = 0) -> int | None:
+    """Bytes of the arrays and tensors in ``value`` (lists, tuples and dicts looked into
+    two levels deep); None when there is none to count (a plain object is pickled: its
+    size is not known without pickling it again)."""
+    size = getattr(value, "nbytes", None)
+    if type(size) is int:
+        return size
+    if isinstance(value, bytes | bytearray):
+        return len(value)
+    if depth < 2 and isinstance(value, list | tuple | dict):
+        sizes = [nbytes(item, depth + 1) for item in (value.values() if isinstance(value, dict) else value)]
+        counted = [s for s in sizes if s is not None]
+        return sum(counted) if counted else None
+    return None
 
 
 class At:

@@ -2,8 +2,7 @@
 
 ``dag_to_dot`` and ``schedule_to_dot`` only read and return DOT text;
 ``render`` and ``write_*_picture`` call graphviz's ``dot`` when it is installed
-and otherwise leave a ``.dot`` file with instructions. ``timeline_to_json``
-turns recorded op timings into a Chrome / Perfetto trace. Recorded executions
+and otherwise leave a ``.dot`` file with instructions. Recorded executions
 (``cgraph.runtime.recording``): ``trace_of`` (Chrome trace), ``explain``
 (summary, critical path, the simulator's prediction), ``draw_timeline`` (Gantt
 picture). Only the compiler imports this package; it hands it to the runtime.
@@ -14,14 +13,14 @@ from cgraph.visualize.explain import TimelineSummary, explain
 from cgraph.visualize.gantt import draw_timeline
 from cgraph.visualize.render import render, write_dag_picture, write_schedule_picture
 from cgraph.visualize.schedule_dot import DOT_STYLE, moved_ops, moved_positions, schedule_to_dot
-from cgraph.visualize.timeline import timeline_to_json, timeline_to_trace
-from cgraph.visualize.trace import Summary, summarize, trace_of
+from cgraph.visualize.trace import Summary, collective_notes, summarize, trace_of
 
 __all__ = [
     "DOT_STYLE",
     "NODE_STYLE",
     "Summary",
     "TimelineSummary",
+    "collective_notes",
     "dag_to_dot",
     "draw_timeline",
     "edge_label",
@@ -31,8 +30,6 @@ __all__ = [
     "render",
     "schedule_to_dot",
     "summarize",
-    "timeline_to_json",
-    "timeline_to_trace",
     "trace_of",
     "write_dag_picture",
     "write_schedule_picture",

@@ -130,10 +130,10 @@ def _events(tracks: Iterable[Track]) -> list[tuple[str, str, int, float, float]]
     axis, an actor's op starting no earlier than its execution's submission ended."""
     rows = list(tracks)
     submitted = {index: end for actor, _, events, _, _ in rows if actor == "driver"
-                 for text, _, index, _, end in events if text == "execute"}
+                 for text, _, index, _, end, *_ in events if text == "execute"}
     out = []
     for actor, _, events, offset, _ in rows:
-        for text, _, execution, start, end in events:
+        for text, _, execution, start, end, *_ in events:
             key = text if actor == "driver" else _key(text)
             if key is not None:
                 begin = max(start - offset, submitted.get(execution, start - offset) if actor != "driver" else 0)

@@ -52,7 +52,7 @@ def draw_timeline(tracks: Iterable[Track], path: str | os.PathLike[str], executi
     for _, label, events, offset, _ in rows_in:
         for thread in sorted({e[1] for e in events}, key=THREADS.__getitem__):
             chosen = [((s - offset) / 1e6, (e - s) / 1e6, _what(text, th), text.removesuffix("@comm"))
-                      for text, th, index, s, e in events if th == thread and index in keep]
+                      for text, th, index, s, e, *_ in events if th == thread and index in keep]
             if chosen:
                 bars.append((label if label == thread else f"{label}  {thread}", chosen))
     if not bars:

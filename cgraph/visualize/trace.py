@@ -1,7 +1,7 @@
 """Recorded executions as a Chrome trace, and what they say: busy, idle, overlap.
 
 Input: one track per process, ``(actor, label, events, offset_ns, uncertainty_ns)``,
-each event ``(op text, thread, execution, start_ns, end_ns)`` (``runtime.recording``)
+each event ``(op text, thread, execution, start_ns, end_ns[, nbytes])`` (``runtime.recording``)
 with ``offset_ns`` the process clock minus the driver's. Output of ``trace_of``:
 the Trace Event Format that https://ui.perfetto.dev and chrome://tracing open::
 
@@ -20,14 +20,15 @@ Pure functions on plain data: no Ray, no clocks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cgraph.errors import GraphSyntaxError
+from cgraph.ir.graph import Const, Graph, NodeKind
 from cgraph.scheduler.ops import Op, OpKind, parse_op
 
-Track = tuple[str, str, Sequence[tuple[str, str, int, int, int]], int, int]
+Track = tuple[str, str, Sequence[tuple[Any, ...]], int, int]
 """(actor, label, events, offset_ns, uncertainty_ns); ``actor`` "driver" for the driver."""
 
 THREADS = {"driver": 0, "loop": 1, "comm": 2}
@@ -42,10 +43,15 @@ def recorded_op(text: str) -> Op | None:
         return None  # the driver's "execute" and "get", a compute's "wait a.C3"
 
 
-def trace_of(tracks: Iterable[Track]) -> dict[str, Any]:
-    """The Chrome trace (``{"traceEvents": [...]}``) of recorded tracks (see the module docstring)."""
+def trace_of(tracks: Iterable[Track], notes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The Chrome trace (``{"traceEvents": [...]}``) of recorded tracks (see the module docstring).
+
+    ``notes``: per graph node, a text its ops' events carry as ``args["what"]`` (a
+    collective's method, op and algorithm); each event's bytes are ``args["bytes"]``.
+    """
+    notes = notes or {}
     rows = list(tracks)
-    starts = [start - offset for _, _, events, offset, _ in rows for _, _, _, start, _ in events]
+    starts = [start - offset for _, _, events, offset, _ in rows for _, _, _, start, _, *_ in events]
     origin = min(starts, default=0)
     out: list[dict[str, Any]] = []
     sends: dict[tuple[str, str, str, int], tuple[int, int, float]] = {}
@@ -57,12 +63,17 @@ def trace_of(tracks: Iterable[Track]) -> dict[str, Any]:
         out.append(_meta("process_sort_index", pid, 0, sort_index=pid))
         for thread in sorted({event[1] for event in events}, key=THREADS.__getitem__):
             out.append(_meta("thread_name", pid, THREADS[thread], name=thread))
-        for text, thread, execution, start, end in events:
+        for text, thread, execution, start, end, *more in events:
             ts, dur = (start - offset - origin) / 1e3, (end - start) / 1e3
             op = recorded_op(text)
+            args: dict[str, Any] = {"op": text, "execution": execution}
+            if more and more[0] is not None:
+                args["bytes"] = more[0]
+            if op is not None and op.node in notes:
+                args["what"] = notes[op.node]
             out.append({"ph": "X", "name": text.removesuffix("@comm"), "cat": op.kind.name if op else thread,
                         "pid": pid, "tid": THREADS[thread], "ts": round(ts, 3), "dur": round(dur, 3),
-                        "args": {"op": text, "execution": execution}})
+                        "args": args})
             if op is not None and op.kind is OpKind.SEND:
                 sends[(op.node, op.actor, op.peer, execution)] = (pid, THREADS[thread], ts)
             elif op is not None and op.kind is OpKind.RECV:
@@ -77,6 +88,18 @@ def trace_of(tracks: Iterable[Track]) -> dict[str, Any]:
     return {"traceEvents": out, "displayTimeUnit": "ms",
             "otherData": {"clocks": clocks, "note": "times in us on the driver's clock; a process on "
                           "another node is placed by an offset measured once, +- its uncertainty"}}
+
+
+def collective_notes(graph: Graph) -> dict[str, str]:
+    """For ``trace_of``'s ``notes``: each collective node's call, e.g. ``allreduce(op='sum',
+    algorithm='ring')`` (its options as bound)."""
+    out = {}
+    for node in graph.nodes:
+        if node.kind is NodeKind.COLLECTIVE:
+            options = ", ".join(f"{name}={graph.constants[arg.index]!r}" for name, arg in node.kwargs
+                                if isinstance(arg, Const) and arg.index < len(graph.constants))
+            out[node.id] = f"{node.method}({options})"
+    return out
 
 
 def _meta(what: str, pid: int, tid: int, **args: object) -> dict[str, Any]:
@@ -115,15 +138,15 @@ def summarize(tracks: Iterable[Track]) -> dict[str, Summary]:
     for _, label, events, _, _ in tracks:
         if not events:
             continue
-        ops = [(recorded_op(text), thread, start, end) for text, thread, _, start, end in events]
+        ops = [(recorded_op(text), thread, start, end) for text, thread, _, start, end, *_ in events]
         compute = [(s, e) for op, thread, s, e in ops if op is not None and op.kind is OpKind.COMPUTE]
         comm = [(s, e) for op, _, s, e in ops if op is not None and op.kind in COMM_OPS]
         on_comm_thread = [(s, e) for op, thread, s, e in ops if thread == "comm"]
-        span = max(e for *_, e in events) - min(s for *_, s, _ in events)
+        span = max(event[4] for event in events) - min(event[3] for event in events)
         out[label] = Summary(
             executions=len({event[2] for event in events}),
             span=span / 1e9,
-            busy=_length(_union([(s, e) for text, _, _, s, e in events if not text.startswith("wait ")])) / 1e9,
+            busy=_length(_union([(s, e) for text, _, _, s, e, *_ in events if not text.startswith("wait ")])) / 1e9,
             compute=sum(e - s for s, e in compute) / 1e9,
             comm=sum(e - s for s, e in comm) / 1e9,
             overlapped=_length(_intersect(_union(on_comm_thread), _union(compute))) / 1e9,

@@ -129,6 +129,31 @@ def test_one_event_per_op_per_execution_on_separate_tracks(stages: list[Any], sh
     assert got["picture"].read_bytes().startswith(b"\x89PNG")
 
 
+def test_events_carry_bytes_and_a_collective_its_algorithm(stages: list[Any]) -> None:
+    from cgraph.collective import allreduce
+
+    with InputNode() as inp:
+        sent = stages[0].make.bind(inp).with_tensor_transport("nccl")
+        summed = allreduce.bind([stages[1].work.bind(sent), stages[2].make.bind(inp)], algorithm="ring")
+        dag = MultiOutputNode([stages[1].total.bind(summed[0]), stages[2].total.bind(summed[1])])
+    compiled = cgraph.compile(dag, default_communicator="cpu", overlap_gpu_communication=True, timeline=True)
+    try:
+        for i in range(3):
+            assert compiled.execute(i).get(timeout=60) == [64.0 * 64 * (2 * i + 1)] * 2  # (i + 1) + i
+        events = [e for e in compiled.timeline()["traceEvents"] if e["ph"] == "X"]
+    finally:
+        compiled.teardown()
+    tensor = 64 * 64 * 4  # float32
+    last = [e for e in events if e["args"]["execution"] == 2]
+    pair = [e["args"].get("bytes") for e in last if e["cat"] in ("SEND", "RECV")]
+    assert pair == [tensor, tensor], last
+    collectives = [e for e in events if e["cat"] == "COLLECTIVE"]
+    assert len(collectives) == 2 * 3 and all(e["args"]["bytes"] == tensor for e in collectives), collectives
+    assert {e["args"]["what"] for e in collectives} == {"allreduce(op='sum', algorithm='ring')"}
+    # a compute moves nothing; the input (an int) has no buffer to count
+    assert all("bytes" not in e["args"] for e in last if e["cat"] == "COMPUTE" or e["name"].endswith(".R0"))
+
+
 def test_nothing_is_recorded_when_the_timeline_is_off(stages: list[Any]) -> None:
     compiled = cgraph.compile(chain(stages), default_communicator="cpu", overlap_gpu_communication=True)
     try:

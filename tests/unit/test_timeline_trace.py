@@ -6,7 +6,9 @@ import json
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from cgraph.runtime import recording
 from cgraph.runtime.recording import At, Recorder
@@ -89,8 +91,26 @@ def test_the_recorder_keeps_the_latest_events_and_a_step_that_raises_adds_none()
 
     with pytest.raises(ValueError):
         rec.timed("a.C3", "loop", owner, boom)()
-    op, track, execution, start, end = rec.snapshot()[-1]
-    assert (op, track, execution) == ("a.C2", "loop", 7) and start <= end
+    op, track, execution, start, end, nbytes = rec.snapshot()[-1]
+    assert (op, track, execution, nbytes) == ("a.C2", "loop", 7, None) and start <= end
+    rec.timed("a.R0", "loop", owner, lambda: np.zeros(3), lambda value: value.nbytes)()
+    assert rec.snapshot()[-1][5] == 24
+
+
+def test_nbytes_counts_buffers_and_not_pickled_objects() -> None:
+    assert recording.nbytes(np.zeros((2, 3))) == 48 and recording.nbytes(torch.zeros(4)) == 16
+    assert recording.nbytes([torch.zeros(2), {"k": np.zeros(1), "x": 3}, b"abc"]) == 8 + 8 + 3
+    assert recording.nbytes(3) is None and recording.nbytes([object()]) is None
+    assert recording.nbytes([[[np.zeros(1)]]]) is None  # two levels deep at most
+
+
+def test_events_bytes_and_notes_land_in_the_trace_args() -> None:
+    tracks = [("a", "a", [("a.COLL3[a,b]@comm", "comm", 0, 0, 5, 64), ("a.C1", "loop", 0, 0, 5, None)], 0, 0)]
+    slices = {e["name"]: e["args"] for e in trace_of(tracks, {"n3": "allreduce(algorithm='ring')"})["traceEvents"]
+              if e["ph"] == "X"}
+    assert slices == {"a.COLL3[a,b]": {"op": "a.COLL3[a,b]@comm", "execution": 0, "bytes": 64,
+                                       "what": "allreduce(algorithm='ring')"},
+                      "a.C1": {"op": "a.C1", "execution": 0}}
 
 
 def test_appends_from_two_threads_and_snapshots_do_not_race() -> None:

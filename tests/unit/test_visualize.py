@@ -6,7 +6,6 @@ it (skipped when graphviz is not installed).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -31,8 +30,6 @@ from cgraph.visualize import (
     moved_positions,
     render,
     schedule_to_dot,
-    timeline_to_json,
-    timeline_to_trace,
     write_dag_picture,
     write_schedule_picture,
 )
@@ -459,33 +456,6 @@ def test_write_dag_picture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     out = write_dag_picture(GRAPH, directory=tmp_path)
     assert out == tmp_path / "dag-001.dot"
     assert '"n2" -> "n4" [label="nccl"]' in out.read_text()
-
-
-# --------------------------------------------------------------------------- timeline
-def test_timeline_puts_actors_in_processes_and_streams_in_threads() -> None:
-    events = [
-        ("r", "r.RECV1<s1@comm", 10.0, 10.002),
-        ("r", "r.C4", 10.001, 10.004),
-        ("s1", "s1.SEND1>r@comm", 10.0005, 10.002),
-    ]
-    trace = timeline_to_trace(events)
-    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert [(e["name"], e["cat"], e["tid"]) for e in spans] == [
-        ("r.RECV1<s1", "RECV", 1),
-        ("r.C4", "COMPUTE", 0),
-        ("s1.SEND1>r", "SEND", 1),
-    ]
-    assert spans[0]["ts"] == 0 and spans[1]["ts"] == pytest.approx(1000)
-    assert spans[1]["dur"] == pytest.approx(3000)
-    assert spans[0]["pid"] == spans[1]["pid"] != spans[2]["pid"]
-    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
-    assert names == {"actor r", "actor s1"}
-    assert json.loads(timeline_to_json(events)) == trace
-
-
-def test_timeline_rejects_events_that_end_before_they_start() -> None:
-    with pytest.raises(ValueError, match="before it starts"):
-        timeline_to_trace([("a", "a.C1", 2.0, 1.0)])
 
 
 # --------------------------------------------------------------------------- property
