@@ -14,6 +14,7 @@ place of the result; the loop itself never stops for one.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from functools import partial
 from types import CoroutineType
@@ -33,7 +34,7 @@ from cgraph.runtime.program import (
     ActorProgram,
     ComputeSpec,
 )
-from cgraph.runtime.recording import Recorder, nbytes, register
+from cgraph.runtime.recording import NO_BUFFER, Recorder, nbytes, register
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -293,29 +294,52 @@ the node's reader, method and writers, so an iteration that reads, runs and writ
 costs ~1 µs of Python here (3.0 µs when each op looked them up every time)."""
 
 
-def _recorded_steps(ctx: Context, steps: list[Step]) -> list[Step]:
-    """Each step timed on the loop's track; an op of the comm stream is timed where its
-    body runs, on the comm thread (``CommState.run``), so each op is one event."""
+def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
+    """One execution of the loop, recorded: each step's end stamped with one clock read;
+    an op of the comm stream is timed where its body runs, on the comm thread
+    (``CommState.run``), so each op is one event; a COMPUTE's wait for values in
+    flight is a step (and an event) of its own."""
     program = ctx.program
     assert program.timeline is not None
-    recorder = ctx.recorder = register(program.graph_tag, 2 * program.timeline * max(len(program.ops), 1))
-    out: list[Step] = []
+    comm_ops = sum(op.stream is Stream.COMM for op in program.ops)
+    recorder = ctx.recorder = register(program.graph_tag, program.timeline * max(comm_ops, 1), program.timeline)
+    timed: list[Step] = []
+    labels: list[str | None] = []
+    sized: list[tuple[int, Callable[[Any], int | None]]] = []
     for op, step in zip(program.ops, steps, strict=True):
-        if op.stream is Stream.COMM:
-            out.append(step)
-            continue
-        waits = _waiting(op, ctx) if op.kind is OpKind.COMPUTE else None
-        if waits is not None:  # its wait for values in flight is an event of its own
-            out.append(recorder.timed(f"wait {op}", "loop", ctx, waits))
-        size = None if op.kind is OpKind.COMPUTE else value_size(ctx, op.node)
-        out.append(recorder.timed(str(op), "loop", ctx, step, size))
-    return out
+        waits = _waiting(op, ctx) if op.kind is OpKind.COMPUTE and op.stream is not Stream.COMM else None
+        if waits is not None:
+            timed.append(waits)
+            labels.append(f"wait {op}")
+        if op.kind is not OpKind.COMPUTE and op.stream is not Stream.COMM:
+            sized.append((len(timed), value_size(ctx, op.node)))
+        timed.append(step)
+        labels.append(None if op.stream is Stream.COMM else str(op))
+    names, now, add = tuple(labels), time.perf_counter_ns, recorder.add_run
+
+    def run_one() -> None:
+        stamps = [now()]
+        mark = stamps.append
+        for step in timed:
+            step()
+            mark(now())
+        sizes: list[int | None] = [None] * len(names)
+        for i, size in sized:  # the values are still here until end_execution
+            sizes[i] = size(None)
+        add(ctx.execution, names, stamps, sizes)
+
+    return run_one
 
 
 def value_size(ctx: Context, node: str) -> Callable[[Any], int | None]:
     """For a recorded event: the bytes of ``node``'s value (None while it is in flight)."""
     values = ctx.values
-    return lambda _: nbytes(values.get(node))
+
+    def size(_: Any) -> int | None:
+        value = values.get(node)
+        return None if type(value) in NO_BUFFER else nbytes(value)  # the common small values: one lookup
+
+    return size
 
 
 def _waiting(op: Op, ctx: Context) -> Step | None:
@@ -352,9 +376,12 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
     unpin = pin_thread(program.cpu_affinity)
     ctx = Context(instance, program)
     steps = [HANDLERS[op.kind](op, ctx) for op in program.ops]
-    if program.timeline is not None:  # wrapped once here: unrecorded loops run the bare steps
-        steps = _recorded_steps(ctx, steps)
     try:
+        if program.timeline is not None:  # a loop of its own: unrecorded loops run the bare steps
+            run_one = _recorded_execution(ctx, steps)
+            while True:
+                run_one()
+                ctx.end_execution()
         while True:
             for step in steps:
                 step()

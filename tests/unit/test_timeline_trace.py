@@ -97,6 +97,18 @@ def test_the_recorder_keeps_the_latest_events_and_a_step_that_raises_adds_none()
     assert rec.snapshot()[-1][5] == 24
 
 
+def test_a_loops_runs_expand_into_events_and_only_the_latest_are_kept() -> None:
+    rec = Recorder(4, runs=2)
+    rec.add("a.SEND1>b@comm", "comm", 0, 5, 9, 16)
+    for execution in range(3):
+        base = 100 * execution
+        rec.add_run(execution, ("a.R0", None, "a.C1"), [base, base + 1, base + 2, base + 7], [8, None, None])
+    assert sorted(rec.snapshot()) == [
+        ("a.C1", "loop", 1, 102, 107, None), ("a.C1", "loop", 2, 202, 207, None),
+        ("a.R0", "loop", 1, 100, 101, 8), ("a.R0", "loop", 2, 200, 201, 8),
+        ("a.SEND1>b@comm", "comm", 0, 5, 9, 16)]
+
+
 def test_nbytes_counts_buffers_and_not_pickled_objects() -> None:
     assert recording.nbytes(np.zeros((2, 3))) == 48 and recording.nbytes(torch.zeros(4)) == 16
     assert recording.nbytes([torch.zeros(2), {"k": np.zeros(1), "x": 3}, b"abc"]) == 8 + 8 + 3
