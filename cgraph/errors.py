@@ -62,7 +62,11 @@ class ScheduleInvariantError(CompileError):
 
 
 class DeadlockError(CompileError):
-    """The schedule can never finish: carries the wait-for cycle or blocked frontier."""
+    """The schedule can never finish: the message prints the grid with ``<-- here``.
+
+    Attributes:
+        evidence: the wait-for cycle or the blocked frontier that proves it.
+    """
 
     def __init__(self, message: str, evidence: object = None) -> None:
         super().__init__(message)
@@ -93,7 +97,11 @@ class TimeoutError(RuntimeGraphError, builtins.TimeoutError):  # noqa: A001 - mi
 
 
 class ActorDiedError(RuntimeGraphError):
-    """An actor of the graph died; names the actor."""
+    """An actor of the graph died; the graph is torn down.
+
+    Attributes:
+        actor: the dead actor's label in the graph.
+    """
 
     def __init__(self, message: str, actor: str | None = None) -> None:
         super().__init__(message)
@@ -120,11 +128,19 @@ class RefConsumedError(RuntimeGraphError, ValueError):
 
 
 class TaskError(RuntimeGraphError):
-    """A user method raised; carries actor, method, execution index and traceback.
+    """A user method raised; ``get()`` re-raises it and the graph stays usable.
 
     ``TaskError.wrap`` builds an instance that is also an instance of the
     original exception's type where Python allows it, so ``except ValueError``
-    still works around ``compiled.execute(...).get()``.
+    still works around ``compiled.execute(...).get()``. Attributes the user's
+    exception had read through to it.
+
+    Attributes:
+        actor: the actor's label in the graph.
+        method: the method that raised.
+        execution_index: which execution (0 for the first).
+        traceback_str: the traceback in the actor, as text.
+        cause: the user's exception.
     """
 
     def __init__(
@@ -182,6 +198,20 @@ class TaskError(RuntimeGraphError):
         execution_index: int,
         traceback_str: str,
     ) -> TaskError:
+        """A ``TaskError`` for ``cause``, also an instance of ``type(cause)`` where possible.
+
+        Args:
+            cause: the exception the user's method raised.
+            actor: the actor's label in the graph.
+            method: the method's name.
+            execution_index: which execution raised.
+            traceback_str: the traceback in the actor, as text.
+
+        Returns:
+            An instance of a subclass of both ``TaskError`` and ``type(cause)``
+            (made once per type), or a plain ``TaskError`` when Python cannot
+            combine the two classes' layouts.
+        """
         message = (
             f"{type(cause).__name__} in {actor}.{method} "
             f"(execution {execution_index}): {cause}"

@@ -69,6 +69,9 @@ class _Collective:
 
 
 class AllReduce(_Collective):
+    """``allreduce(tensor, group_name, op, algorithm)`` inside an actor (``api.allreduce``);
+    ``allreduce.bind(nodes, op=..., algorithm=...)`` in a DAG (``bind``)."""
+
     name = "allreduce"
 
     def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM, algorithm: str = AUTO) -> list[Any]:
@@ -102,6 +105,9 @@ class AllReduce(_Collective):
 
 
 class AllGather(_Collective):
+    """``allgather(tensor_list, tensor, group_name)`` inside an actor (``api.allgather``);
+    ``allgather.bind(nodes)`` in a DAG (``bind``)."""
+
     name = "allgather"
 
     def bind(self, nodes: Any) -> list[Any]:
@@ -122,6 +128,9 @@ class AllGather(_Collective):
 
 
 class ReduceScatter(_Collective):
+    """``reducescatter(tensor, tensor_list, group_name, op)`` inside an actor
+    (``api.reducescatter``); ``reducescatter.bind(nodes, op=...)`` in a DAG (``bind``)."""
+
     name = "reducescatter"
 
     def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM) -> list[Any]:

@@ -94,23 +94,39 @@ def missing_methods(obj: Any) -> list[str]:
 
 
 class Communicator(ABC):
-    """A group of ranks that move torch tensors between each other (see the module docstring)."""
+    """A group of ranks that move torch tensors between each other.
+
+    Subclass it to bring your own transport: implement ``initialize``, ``rank``,
+    ``world_size``, ``send`` and ``recv``; the collectives default to a star
+    through rank 0 over ``send``/``recv``. Calls are matched per peer pair in
+    the order issued, as in NCCL; receives and collectives fill tensors the
+    caller allocated. cgraph pickles the object, ships a copy to every member
+    actor and calls ``initialize`` there first. Pass it per edge
+    (``TorchTensorType(transport=obj)``) or as ``compile(dag,
+    default_communicator=obj)``. docs/transports.md has the whole contract.
+    """
 
     def initialize(self, rank: int, world_size: int, group_name: str) -> None:  # noqa: B027 - optional hook
         """Called once in each member process before any other call.
 
         Built-in communicators are created initialised; a user communicator
-        connects to its peers here. ``group_name`` is unique per compiled graph
-        and group, for rendezvous keys.
+        connects to its peers here, not in ``__init__`` (which runs on the driver).
+
+        Args:
+            rank: this member's rank.
+            world_size: the number of members.
+            group_name: unique per compiled graph and group: use it in rendezvous keys.
         """
 
     @property
     @abstractmethod
-    def rank(self) -> int: ...
+    def rank(self) -> int:
+        """This process's rank, ``0 .. world_size-1``."""
 
     @property
     @abstractmethod
-    def world_size(self) -> int: ...
+    def world_size(self) -> int:
+        """The number of ranks in the group."""
 
     @property
     def device(self) -> torch.device:

@@ -44,6 +44,7 @@ class Team:
 
     @property
     def size(self) -> int:
+        """The number of ranks in the team."""
         return len(self.ranks)
 
     def __contains__(self, world_rank: object) -> bool:

@@ -1,0 +1,229 @@
+"""Write the README's benchmark tables from the results files, so it never quotes a number
+that no results file holds.
+
+    .venv/bin/python scripts/readme_tables.py            # rewrite README.md between the markers
+    .venv/bin/python scripts/readme_tables.py --check    # exit 1 if README.md is out of date
+    .venv/bin/python scripts/readme_tables.py --print    # print the tables
+
+``make bench`` runs it after the benchmarks. Each area reads one file of
+benchmarks/results/ (written by the benchmark of the same name) and gives one
+table and at most one sentence; the text between ``BEGIN`` and ``END`` in README.md
+is this script's output and nothing else. tests/unit/test_readme_tables.py checks
+that README.md holds what this script produces from the files now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+BEGIN = "<!-- benchmark tables: written by scripts/readme_tables.py from benchmarks/results -->"
+END = "<!-- end of benchmark tables -->"
+
+
+# --------------------------------------------------------------------------- formatting
+def num(value: float, decimals: int = 1) -> str:
+    """``12.3``; from 1,000 on, whole numbers with a thousands separator."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:,.{decimals}f}"
+
+
+def pct(fraction: float) -> str:
+    return f"{100 * fraction:.0f}%"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def heading(title: str, bench: str, results: str, caption: str) -> str:
+    """The area's one-line caption; the table follows on the next line (GFM allows it)."""
+    return (f"**{title}** ([{bench}](benchmarks/{bench}), "
+            f"[results](benchmarks/results/{results})): {caption}")
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / name).read_text())
+
+
+# --------------------------------------------------------------------------- areas
+DAG_LABELS = {"echo": "echo, 1 actor", "chain3": "chain of 3 actors", "fanout3": "fan-out/fan-in, 3+1 actors"}
+RUNTIME_SYSTEMS = ("cgraph", "cgraph_colocate", "ray_cgraph", "ray_plain")
+
+
+def runtime(data: dict[str, Any]) -> str:
+    latency, sections = data["sections"]["latency"], data["sections"]
+    rows = []
+    for name, dag in latency["dags"].items():
+        cells = [f"{DAG_LABELS.get(name, name)} ({dag['hops']} hops)"]
+        for system in RUNTIME_SYSTEMS:
+            s = dag["systems"][system]
+            cells.append(f"{num(s['median_us'])} / {num(s['p99_us'], 0)}")
+        rows.append(cells)
+    compile_s = sections["compile"]["systems"]
+    pipelined = {system: _pipelined_share(data, system) for system in ("cgraph", "ray_cgraph")}
+    idle = {s: max(v["actor_percent_schedstat"]) for s, v in sections["idle_cpu"]["systems"].items()}
+    sentence = (
+        f"Compile of the chain: {1e3 * compile_s['cgraph']['median_compile_s']:.0f} ms "
+        f"(Ray CG {1e3 * compile_s['ray_cgraph']['median_compile_s']:.0f} ms). 100 MiB arrays "
+        f"through 2 actors, 4 in flight: {pipelined['cgraph']} of a one-core memcpy into shared "
+        f"memory (Ray CG {pipelined['ray_cgraph']}). An idle actor uses {idle['cgraph']:.1f}% "
+        f"of a core (Ray CG {idle['ray_cgraph']:.0f}%: it spins).")
+    return "\n".join([
+        heading("Runtime", "bench_runtime.py", "runtime.md",
+                f"round trip from the driver and back, median / p99 in µs. {sentence}"),
+        table(["DAG", "cgraph", "cgraph, `colocate`", "Ray Compiled Graphs", "plain Ray calls"], rows),
+    ])
+
+
+def _pipelined_share(data: dict[str, Any], system: str) -> str:
+    sizes = data["sections"]["throughput"]["systems"][system]["sizes"]
+    largest = max(sizes, key=int)
+    memcpy = data["sections"]["memcpy"]["sizes"][largest]["shm_gbps"]
+    return pct(sizes[largest]["pipelined"]["gbps"] / memcpy)
+
+
+def collective(data: dict[str, Any]) -> str:
+    sizes = data["settings"]["sizes_elems"]
+    rows = []
+    for section in data["sections"].values():
+        cells = [str(section["world_size"])]
+        for point in section["points"]:
+            cells.append(f"{num(point['best_ms'])} {point['best']} / {num(point['auto_ms'])} / "
+                         f"{num(point['gloo_ms'])}")
+        rows.append(cells)
+    header = ["ranks"] + [f"{n >> 20} Mi float32" for n in sizes]
+    return "\n".join([
+        heading("Allreduce", "bench_collective.py", "collective.md",
+                "CPU actors; median ms of the best cgraph algorithm / `algorithm=\"auto\"` / "
+                "gloo's own allreduce."),
+        table(header, rows),
+    ])
+
+
+OVERLAP_MODES = (("comm_alone", "comm alone"), ("compute", "compute alone"),
+                 ("no_overlap", "no overlap"), ("overlap", "overlap"))
+
+
+def overlap(data: dict[str, Any]) -> str:
+    cpu = data["sections"]["cpu"]
+    rows = []
+    for system, label in (("cgraph", "cgraph"), ("ray_cgraph", "Ray Compiled Graphs")):
+        modes = cpu["systems"][system]["modes"]
+        rows.append([label] + [
+            num(modes[mode]["median_us"] / 1e3) if modes[mode]["status"] == "ok" else "did not run"
+            for mode, _ in OVERLAP_MODES
+        ])
+    shape = cpu["shape"]
+    gpu = data["sections"].get("gpu", {}).get("status", "not run").split(" (")[0]
+    if ": " in gpu:  # "skipped: no CUDA device" -> "skipped (no CUDA device)"
+        gpu = "{} ({})".format(*gpu.split(": ", 1))
+    return "\n".join([
+        heading("Overlap", "bench_overlap.py", "overlap.md",
+                f"Ray's overlap example (3 senders, 1 receiver) on CPU, {shape['n']}x{shape['n']} "
+                f"{shape['dtype']}, median ms per execution. GPU: {gpu}."),
+        table(["system"] + [label for _, label in OVERLAP_MODES], rows),
+    ])
+
+
+def crossnode(data: dict[str, Any]) -> str:
+    sections = data["sections"]
+    echo = sections["echo"]["layouts"]["echo_cross"]["systems"]
+    hops = sections["hops"]["layouts"]
+    rows = [["echo, driver to an actor on the other node (µs)",
+             num(echo["cgraph"]["median_us"]), num(echo["ray_cgraph"]["median_us"])]]
+    cross = hops["hop_cross"]["systems"]
+    sizes = sorted(cross["cgraph"]["sizes"], key=int)[1:]  # the first is the 8-byte control
+    rows.append([f"{' / '.join(str(int(n) >> 20) for n in sizes)} MiB hop across nodes (GB/s)"] + [
+        " / ".join(f"{cross[s]['sizes'][n]['gbps']:.2f}" for n in sizes) for s in ("cgraph", "ray_cgraph")])
+    worker = hops["hop_worker"]["systems"]
+    rows.append(["16 MiB hop within the other node (ms)"] + [
+        num(worker[s]["sizes"][str(16 << 20)]["median_us"] / 1e3, 2) for s in ("cgraph", "ray_cgraph")])
+    tls = {row["measure"]: row["ratio"] for row in sections["tls"]["summary"]}
+    return "\n".join([
+        heading("Across nodes", "bench_crossnode.py", "crossnode.md",
+                "two Ray nodes on one machine (loopback: software overhead, not a network); "
+                f"medians. `tls=True` costs {tls['echo across nodes, median']:.2f}x on the echo "
+                f"and {tls['16 MiB hop across nodes, median']:.2f}x on a 16 MiB hop."),
+        table(["measure", "cgraph", "Ray CG"], rows),
+    ])
+
+
+def scheduler(data: dict[str, Any]) -> str:
+    mixed, heavy = data["mixed"], data["nccl_heavy"]
+    return heading("Scheduler", "bench_scheduler.py", "scheduler.json",
+                   f"lower + verify + deadlock check + overlap of a random {data['call_nodes']:,}-call DAG "
+                   f"over {mixed['actors']} actors: {num(1e3 * mixed['median_total_s'])} ms with mixed "
+                   f"transports ({mixed['ops']:,} ops), {num(1e3 * heavy['median_total_s'])} ms with every "
+                   f"edge on a communicator ({heavy['ops']:,} ops), medians.")
+
+
+def channels(data: dict[str, Any]) -> str:
+    placed, pinned = data["round_trip_scheduled"], data["round_trip_pinned_cpu0"]
+    big = data["throughput"]["100MiB"]
+
+    def pair(run: dict[str, Any]) -> str:
+        return f"{num(run['channel']['median_us'])} µs (a pipe: {num(run['floors']['pipe']['median_us'])} µs)"
+
+    return heading("Channels", "bench_channels.py", "channels.json",
+                   f"round trip between two processes, median: {pair(placed)} placed by the OS, {pair(pinned)} "
+                   f"both on one CPU. 100 MiB arrays: {big['channel_two_processes_GBps']:.1f} GB/s, "
+                   f"{pct(big['vs_memcpy_warm_shm'])} of a one-core memcpy into shared memory; an idle reader "
+                   f"uses {data['idle_reader']['cpu_percent']:.0f}% CPU.")
+
+
+AREAS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("runtime.json", runtime), ("collective.json", collective), ("overlap.json", overlap),
+    ("crossnode.json", crossnode), ("scheduler.json", scheduler), ("channels.json", channels),
+)
+
+
+def tables() -> str:
+    """Every area's table, from the results files as they are now."""
+    return "\n\n".join(render(load(name)) for name, render in AREAS)
+
+
+def updated(readme: str, body: str) -> str:
+    """``readme`` with the text between the markers replaced by ``body``.
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    start, end = readme.find(BEGIN), readme.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"README.md needs the lines {BEGIN!r} and {END!r}, in that order")
+    return readme[: start + len(BEGIN)] + "\n" + body + "\n" + readme[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
+    parser.add_argument("--print", action="store_true", help="print the tables only")
+    args = parser.parse_args(argv)
+    body = tables()
+    if args.print:
+        print(body)
+        return 0
+    current = README.read_text()
+    new = updated(current, body)
+    if args.check:
+        if new != current:
+            print("README.md's benchmark tables are out of date: run scripts/readme_tables.py")
+            return 1
+        return 0
+    if new != current:
+        README.write_text(new)
+    print(f"README.md: benchmark tables {'rewritten' if new != current else 'already current'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
