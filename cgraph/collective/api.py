@@ -26,9 +26,13 @@ rendezvous, and every group has the teams ``"<group>:world"`` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+from cgraph import _spans
 from cgraph.collective import backends, groups
 from cgraph.collective.arguments import all_working, check_parts, check_peer, reduce_op
 from cgraph.collective.groups import DEFAULT_TIMEOUT_S
@@ -154,6 +158,32 @@ def gloo_available() -> bool:
 
 
 # --------------------------------------------------------------------------- collectives
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _recorded(fn: F) -> F:
+    """``fn`` as one event on the timeline of a recorded graph whose method calls it
+    (track "collective": its group, algorithm and bytes); otherwise just ``fn``."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        add = _spans.sink()
+        if add is None:
+            return fn(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        start = time.perf_counter_ns()
+        out = fn(*args, **kwargs)
+        given = bound.arguments
+        options = ", ".join(f"{name}={given[name]!r}" for name in ("group_name", "algorithm") if name in given)
+        add(f"{fn.__name__}({options})", start, time.perf_counter_ns(), getattr(given.get("tensor"), "nbytes", None))
+        return out
+
+    return call  # type: ignore[return-value]
+
+
+@_recorded
 def allreduce(tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM,
               algorithm: str = "auto") -> None:
     """Reduce ``tensor`` over the group, in place on every rank.
@@ -179,6 +209,7 @@ def allreduce(tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM,
         group.comm.allreduce(work, op, algorithm)
 
 
+@_recorded
 def reduce(tensor: Any, dst_rank: int = 0, group_name: str = "default",
            op: Any = ReduceOp.SUM) -> None:
     """Reduce ``tensor`` over the group into ``dst_rank``'s tensor (others keep theirs).
@@ -201,6 +232,7 @@ def reduce(tensor: Any, dst_rank: int = 0, group_name: str = "default",
         group.comm.reduce(work, dst_rank, op)
 
 
+@_recorded
 def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> None:
     """Copy ``src_rank``'s ``tensor`` into every rank's ``tensor``.
 
@@ -219,6 +251,7 @@ def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> No
         group.comm.broadcast(work, src_rank)
 
 
+@_recorded
 def allgather(tensor_list: list[Any], tensor: Any, group_name: str = "default") -> None:
     """Fill ``tensor_list[r]`` with rank r's ``tensor`` on every rank.
 
@@ -240,6 +273,7 @@ def allgather(tensor_list: list[Any], tensor: Any, group_name: str = "default") 
             group.comm.allgather(outs, work)
 
 
+@_recorded
 def reducescatter(tensor: Any, tensor_list: list[Any], group_name: str = "default",
                   op: Any = ReduceOp.SUM) -> None:
     """``tensor`` = the reduction over ranks of their ``tensor_list[rank]``.
@@ -265,6 +299,7 @@ def reducescatter(tensor: Any, tensor_list: list[Any], group_name: str = "defaul
             group.comm.reducescatter(out, parts, op)
 
 
+@_recorded
 def send(tensor: Any, dst_rank: int, group_name: str = "default") -> None:
     """Send ``tensor`` to ``dst_rank``, which must ``recv`` a tensor of the same dtype and shape.
 
@@ -283,6 +318,7 @@ def send(tensor: Any, dst_rank: int, group_name: str = "default") -> None:
         group.comm.send(work, dst_rank)
 
 
+@_recorded
 def recv(tensor: Any, src_rank: int, group_name: str = "default") -> None:
     """Fill ``tensor`` with the next tensor ``src_rank`` sends to this rank.
 
@@ -301,6 +337,7 @@ def recv(tensor: Any, src_rank: int, group_name: str = "default") -> None:
         group.comm.recv(work, src_rank)
 
 
+@_recorded
 def barrier(group_name: str = "default") -> None:
     """Return once every rank of the group has called ``barrier``.
 

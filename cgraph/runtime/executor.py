@@ -20,6 +20,7 @@ from functools import partial
 from types import CoroutineType
 from typing import Any
 
+from cgraph import _spans
 from cgraph.channels.intra_channel import IntraWriter
 from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError
 from cgraph.runtime import coverage_hook
@@ -298,7 +299,8 @@ def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
     """One execution of the loop, recorded: each step's end stamped with one clock read;
     an op of the comm stream is timed where its body runs, on the comm thread
     (``CommState.run``), so each op is one event; a COMPUTE's wait for values in
-    flight is a step (and an event) of its own."""
+    flight is a step (and an event) of its own. Library code on this thread adds its
+    own events through ``cgraph._spans`` (the collective library's calls)."""
     program = ctx.program
     assert program.timeline is not None
     comm_ops = sum(op.stream is Stream.COMM for op in program.ops)
@@ -316,6 +318,8 @@ def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
         timed.append(step)
         labels.append(None if op.stream is Stream.COMM else str(op))
     names, now, add = tuple(labels), time.perf_counter_ns, recorder.add_run
+    _spans.bind(lambda text, start, end, size: recorder.add(text, "collective", ctx.execution, start, end, size))
+    ctx.close_hooks.append(lambda: _spans.bind(None))
 
     def run_one() -> None:
         stamps = [now()]

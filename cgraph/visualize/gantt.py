@@ -7,7 +7,8 @@
 
 Compute, comm (SEND, RECV, COLLECTIVE), channel ops (READ, WRITE) and waits get
 their own colours; the driver's execute and get are a row too. Only the last
-``executions`` recorded executions are drawn, so the bars stay readable.
+``executions`` recorded executions are drawn, so the bars stay readable, and an
+actor's wait for the input before the driver submitted it is left out (idle).
 Drawn with matplotlib (Agg, no display needed); see docs/design-notes.md.
 """
 
@@ -26,6 +27,8 @@ COLOURS = {"COMPUTE": "#4c72b0", "COMM": "#dd8452", "CHANNEL": "#8c8c8c", "WAIT"
 def _what(text: str, thread: str) -> str:
     if thread == "driver":
         return "DRIVER"
+    if thread == "collective":  # a collective library call inside a method
+        return "COMM"
     op = recorded_op(text)
     if op is None:
         return "WAIT"
@@ -48,11 +51,19 @@ def draw_timeline(tracks: Iterable[Track], path: str | os.PathLike[str], executi
     rows_in = list(tracks)
     last = sorted({event[2] for _, _, events, _, _ in rows_in for event in events})[-executions:]
     keep = set(last)
+    submitted = {event[2]: event[4] for actor, _, events, _, _ in rows_in if actor == "driver"
+                 for event in events if event[0] == "execute"}
     bars: list[tuple[str, list[tuple[float, float, str, str]]]] = []
-    for _, label, events, offset, _ in rows_in:
+    for actor, label, events, offset, _ in rows_in:
         for thread in sorted({e[1] for e in events}, key=THREADS.__getitem__):
-            chosen = [((s - offset) / 1e6, (e - s) / 1e6, _what(text, th), text.removesuffix("@comm"))
-                      for text, th, index, s, e, *_ in events if th == thread and index in keep]
+            chosen = []
+            for text, th, index, s, e, *_ in events:
+                if th != thread or index not in keep:
+                    continue
+                # an actor waiting for the input before the driver submitted it is idle: not drawn
+                start = s - offset if actor == "driver" else max(s - offset, submitted.get(index, s - offset))
+                chosen.append((start / 1e6, max(e - offset - start, 0) / 1e6, _what(text, th),
+                               text.removesuffix("@comm")))
             if chosen:
                 bars.append((label if label == thread else f"{label}  {thread}", chosen))
     if not bars:

@@ -31,7 +31,8 @@ from cgraph.scheduler.ops import Op, OpKind, parse_op
 Track = tuple[str, str, Sequence[tuple[Any, ...]], int, int]
 """(actor, label, events, offset_ns, uncertainty_ns); ``actor`` "driver" for the driver."""
 
-THREADS = {"driver": 0, "loop": 1, "comm": 2}
+THREADS = {"driver": 0, "loop": 1, "comm": 2, "collective": 3}
+"""Tracks, in drawing order: "collective" holds the collective library's calls made inside methods."""
 COMM_OPS = frozenset({OpKind.SEND, OpKind.RECV, OpKind.COLLECTIVE})
 
 

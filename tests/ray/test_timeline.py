@@ -154,6 +154,53 @@ def test_events_carry_bytes_and_a_collective_its_algorithm(stages: list[Any]) ->
     assert all("bytes" not in e["args"] for e in last if e["cat"] == "COMPUTE" or e["name"].endswith(".R0"))
 
 
+@ray.remote(num_cpus=0)
+class Trainer:
+    def join(self, world_size: int, rank: int, name: str) -> None:
+        import cgraph.collective as col
+
+        col.init_collective_group(world_size, rank, backend="cpu", group_name=name)
+
+    def step(self, x: int, name: str) -> float:
+        import cgraph.collective as col
+
+        grad = torch.full((256,), float(x))
+        col.allreduce(grad, group_name=name, algorithm="ring")
+        return float(grad[0])
+
+
+def test_a_collective_called_inside_a_method_is_an_event_with_its_group_and_algorithm(ray_session: Any) -> None:
+    import cgraph.collective as col
+    from tests.ray.collective_helpers import fresh
+
+    name = fresh("timeline")
+    trainers = [Trainer.remote() for _ in range(2)]
+    ray.get([t.join.remote(2, rank, name) for rank, t in enumerate(trainers)], timeout=60)
+    try:
+        with InputNode() as inp:
+            dag = MultiOutputNode([t.step.bind(inp, name) for t in trainers])
+        compiled = cgraph.compile(dag, timeline=True)
+        try:
+            for i in range(3):
+                assert compiled.execute(i).get(timeout=60) == [2.0 * i] * 2
+            events = [e for e in compiled.timeline()["traceEvents"] if e["ph"] == "X"]
+        finally:
+            compiled.teardown()
+    finally:
+        ray.get([t.__ray_call__.remote(lambda _: col.destroy_collective_group(name)) for t in trainers])
+        col.destroy_collective_group(name)  # the driver's side: what the group left behind
+        for t in trainers:
+            ray.kill(t)
+    calls = [e for e in events if e["tid"] == 3]  # the "collective" track
+    assert len(calls) == 2 * 3, calls
+    assert {e["name"] for e in calls} == {f"allreduce(group_name={name!r}, algorithm='ring')"}
+    assert all(e["args"]["bytes"] == 256 * 4 for e in calls)
+    for e in calls:  # inside its method's event, on the same process
+        (method,) = [m for m in events if m["pid"] == e["pid"] and m["cat"] == "COMPUTE"
+                     and m["args"]["execution"] == e["args"]["execution"]]
+        assert method["ts"] <= e["ts"] and e["ts"] + e["dur"] <= method["ts"] + method["dur"] + 1e-3
+
+
 def test_nothing_is_recorded_when_the_timeline_is_off(stages: list[Any]) -> None:
     compiled = cgraph.compile(chain(stages), default_communicator="cpu", overlap_gpu_communication=True)
     try:
