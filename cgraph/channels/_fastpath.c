@@ -595,6 +595,17 @@ Endpoint_release(Endpoint *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(forget_doc,
+"forget() -> None\n\nStop holding the slot without giving it back: the reader of a value\n"
+"forwarded from it gives it back (shm_channel's Forwarding).");
+
+static PyObject *
+Endpoint_forget(Endpoint *self, PyObject *unused)
+{
+    self->holding = 0;
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(detach_doc,
 "detach() -> None\n\nStop the fast path: every later write / read returns MISS.");
 
@@ -684,6 +695,7 @@ static PyMethodDef Endpoint_methods[] = {
     {"write", (PyCFunction)(void (*)(void))Endpoint_write, METH_FASTCALL, write_doc},
     {"read", (PyCFunction)(void (*)(void))Endpoint_read, METH_FASTCALL, read_doc},
     {"release", (PyCFunction)Endpoint_release, METH_NOARGS, release_doc},
+    {"forget", (PyCFunction)Endpoint_forget, METH_NOARGS, forget_doc},
     {"detach", (PyCFunction)Endpoint_detach, METH_NOARGS, detach_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -62,6 +62,8 @@ from cgraph.errors import RuntimeGraphError, TaskError
 
 ALIGN = 64
 WRITABLE = 1
+EXTERNAL = 2  # entry flag: the buffer is in the origin's segment, not in this slot
+FORWARDED = 1 << 62  # in the buffer count word: an origin follows the pickle bytes
 _HEAD = struct.Struct("<QQ")
 _ENTRY = struct.Struct("<QQQ")
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
@@ -70,13 +72,36 @@ _CONTAINERS = frozenset({tuple, list, dict})
 
 @dataclass(slots=True)
 class Payload:
-    """A pickled value, ready to be copied into a slot of ``nbytes`` bytes."""
+    """A pickled value, ready to be copied into a slot of ``nbytes`` bytes.
+
+    A forwarded payload (``forwarded``) leaves some buffers where they are, in
+    another channel's slot: their entries say EXTERNAL, with ``offsets[i]`` the
+    buffer's place in that slot's data segment, and ``origin`` (written after the
+    pickle bytes) names it (see ``shm_channel``'s "Forwarding").
+    """
 
     pickled: bytes
     buffers: Sequence[memoryview]  # raw byte views of the out-of-band buffers
     flags: Sequence[int]
     offsets: Sequence[int]
     nbytes: int  # slot bytes needed
+    origin: bytes = b""  # forwarded: the pickled origin of the EXTERNAL buffers
+
+
+def forwarded(payload: Payload, external: dict[int, int], origin: bytes) -> Payload:
+    """``payload`` with buffer ``i`` left in place at ``external[i]`` of the origin's data
+    segment (an EXTERNAL entry, nothing copied); the other buffers are copied as usual."""
+    flags = [flag | EXTERNAL if i in external else flag for i, flag in enumerate(payload.flags)]
+    pos = _HEAD.size + _ENTRY.size * len(payload.buffers) + len(payload.pickled) + 8 + len(origin)
+    offsets = []
+    for i, buf in enumerate(payload.buffers):
+        if i in external:
+            offsets.append(external[i])
+            continue
+        pos = -(-pos // ALIGN) * ALIGN
+        offsets.append(pos)
+        pos += buf.nbytes
+    return Payload(payload.pickled, payload.buffers, flags, offsets, pos, origin)
 
 
 def dumps(value: Any) -> Payload:
@@ -131,15 +156,21 @@ def pack_into(payload: Payload, dest: memoryview) -> None:
     if not count:
         dest[: payload.nbytes] = _HEAD.pack(len(payload.pickled), 0) + payload.pickled
         return
-    _HEAD.pack_into(dest, 0, len(payload.pickled), count)
+    origin = payload.origin
+    _HEAD.pack_into(dest, 0, len(payload.pickled), count | (FORWARDED if origin else 0))
     for i, (buf, off, flag) in enumerate(
         zip(payload.buffers, payload.offsets, payload.flags, strict=True)
     ):
         _ENTRY.pack_into(dest, _HEAD.size + _ENTRY.size * i, off, buf.nbytes, flag)
     start = _HEAD.size + _ENTRY.size * count
     dest[start : start + len(payload.pickled)] = payload.pickled
-    for buf, off in zip(payload.buffers, payload.offsets, strict=True):
-        dest[off : off + buf.nbytes] = buf  # the one copy of each array
+    if origin:
+        at = start + len(payload.pickled)
+        struct.pack_into("<Q", dest, at, len(origin))
+        dest[at + 8 : at + 8 + len(origin)] = origin
+    for buf, off, flag in zip(payload.buffers, payload.offsets, payload.flags, strict=True):
+        if not flag & EXTERNAL:
+            dest[off : off + buf.nbytes] = buf  # the one copy of each array
 
 
 def payload_chunks(payload: Payload) -> list[memoryview | bytes]:
@@ -168,22 +199,43 @@ def has_buffers(src: memoryview) -> bool:
     return bool(_HEAD.unpack_from(src, 0)[1])
 
 
-def loads(src: memoryview, writable: bool = False) -> Any:
+def origin_of(src: memoryview) -> bytes | None:
+    """The pickled origin of a forwarded value packed at the start of ``src`` (None: not one)."""
+    plen, count = _HEAD.unpack_from(src, 0)
+    if not count & FORWARDED:
+        return None
+    at = _HEAD.size + _ENTRY.size * (count & ~FORWARDED) + plen
+    (length,) = struct.unpack_from("<Q", src, at)
+    return bytes(src[at + 8 : at + 8 + length])
+
+
+def loads(src: memoryview, writable: bool = False, external: memoryview | None = None,
+          copy: bool = False) -> Any:
     """Rebuild the value packed at the start of ``src`` (a writable byte view).
 
-    Out-of-band buffers become views into ``src``: valid while ``src``'s memory
-    is mapped, and their contents only until the slot is reused. ``writable``:
-    ``src`` is a private copy, so every array may be written (the driver's results).
+    Out-of-band buffers become views into ``src`` (an EXTERNAL one into
+    ``external``, the origin's data segment): valid while that memory is mapped,
+    and their contents only until the slot is reused. ``writable``: ``src`` is a
+    private copy, so every array may be written (the driver's results); ``copy``:
+    every buffer is copied first (the value outlives the slots).
     """
     plen, count = _HEAD.unpack_from(src, 0)
+    count &= ~FORWARDED
     start = _HEAD.size + _ENTRY.size * count
     if count == 0:
         return pickle.loads(src[start : start + plen])
     readonly = src if writable else src.toreadonly()
-    buffers = []
+    buffers: list[Any] = []
     for i in range(count):
         off, length, flag = _ENTRY.unpack_from(src, _HEAD.size + _ENTRY.size * i)
-        buffers.append((src if flag & WRITABLE else readonly)[off : off + length])
+        if flag & EXTERNAL:
+            if external is None:
+                raise RuntimeGraphError("a forwarded value arrived without its origin's memory (a cgraph bug)")
+            base = external if flag & WRITABLE else external.toreadonly()
+        else:
+            base = src if flag & WRITABLE else readonly
+        view = base[off : off + length]
+        buffers.append(memoryview(bytearray(view)) if copy else view)
     return pickle.loads(src[start : start + plen], buffers=buffers)
 
 

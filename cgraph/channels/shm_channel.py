@@ -43,6 +43,10 @@ them at most that long. A timeout gives back the tokens it took and raises
 removes every segment of the channel; ``cleanup_stale_segments()`` removes those
 whose creator process is dead.
 
+Forwarding (zero-copy pass-through): a reader that writes on what it read may
+leave the buffers in its slot and hand the hold over to the next reader
+(``write(forward_from=...)``, ``held``, ``hand_over``; protocol in forwarding.py).
+
 C fast path. When the extension is built (``FASTPATH``), ``attach()`` opens the
 subclasses in shm_fast.py: small plain values take one C call per write / read
 / release, everything else runs the code below. Both speak this protocol and
@@ -52,38 +56,44 @@ keep the endpoint's sequence numbers in the shared words, so they interoperate.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
+import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from cgraph.channels.base import ChannelReader, ChannelWriter
+from cgraph.channels.forwarding import Origins, forward
 from cgraph.channels.segments import (
-    SHM_DIR,
     create_segment,
-    open_segment,
     segment_name,
     unlink_channel,
-    unlink_quietly,
 )
 from cgraph.channels.semaphore import Semaphore, fastpath
-from cgraph.channels.serialization import dumps, has_buffers, loads, pack_into
+from cgraph.channels.serialization import (
+    dumps,
+    has_buffers,
+    loads,
+    origin_of,
+    pack_into,
+)
+from cgraph.channels.shm_layout import (
+    _SLOT_WORDS,
+    _W_CLOSED,
+    _W_SLOTS,
+    _W_WSEQ,
+    _Control,
+    _control_size,
+    _reader_word,
+    _sem_offset,  # noqa: F401 - shm_fast takes it from here
+    _SlotMaps,
+)
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
 FASTPATH = fastpath is not None  # endpoints run their hot path in C (_fastpath.c)
 POLL_S = 0.15
 DEFAULT_BUFFER_SIZE = 1 << 20
 _POLL_NS = int(POLL_S * 1e9)
-_PAGE = mmap.PAGESIZE
-_MAGIC = 0x4C4E484348504743  # "CGPHCHNL"
-_VERSION = 1
-# Header words (u64): fixed fields, then the slot table, then reader sequence numbers.
-_W_MAGIC, _W_VERSION, _W_READERS, _W_INFLIGHT, _W_CLOSED, _W_NEXT_GEN, _W_WSEQ = range(7)
-_W_SLOTS = 8
-_SLOT_WORDS = 4  # gen, capacity, nbytes, seq
-_SEM_STRIDE = 64  # one cache line per 32-byte sem_t
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,12 +191,25 @@ class ShmWriter(ChannelWriter):
         self._slots = _SlotMaps(handle, control)
         self._detached = False
 
-    def write(self, value: Any, timeout: float | None = None) -> None:
+    def write(self, value: Any, timeout: float | None = None, forward_from: Sequence[Any] = ()) -> Any:
+        """Write ``value`` (one copy of its buffers into the slot).
+
+        ``forward_from``: readers (of other shm channels, in this process) holding
+        slots; where this channel has one reader and buffers of ``value`` lie in
+        one of those slots, they are forwarded instead of copied (module docstring)
+        and that reader's hold is handed over. Returns the reader handed over, or None.
+        """
         if self._words[_W_CLOSED] or self._detached:
             raise _closed(self._handle, "write to")
         payload = dumps(value)
+        taken = None
+        if forward_from and payload.buffers and self._handle.num_readers == 1:
+            payload, taken = forward(payload, forward_from)
         self.reserve(timeout)
         self.fill(payload.nbytes, lambda slot: pack_into(payload, slot))
+        if taken is not None:
+            taken.hand_over()  # from now on our reader gives the slot back
+        return taken
 
     def reserve(self, timeout: float | None = None) -> None:
         """Wait until every reader released the next slot, and take it (``fill`` writes it).
@@ -260,11 +283,16 @@ class ShmReader(ChannelReader):
         self._free = control.free[handle.reader]
         self._holding = False
         self._detached = False
+        self._upstream: Semaphore | None = None  # a forwarded value's origin slot, to give back
+        self._forwarded: tuple[memoryview, bytes] | None = None  # its origin's data and name
+        self._foreign = Origins()
 
     def read(self, timeout: float | None = None, copy: bool = False) -> Any:
         """The next value; a zero-copy view valid until ``release()``, or with
         ``copy=True`` one copy of the slot's bytes that outlives it (the slot is
         released at once)."""
+        if self._upstream is not None:
+            self._give_upstream()
         if self._holding:
             self._holding = False
             self._free.post_fast()
@@ -288,6 +316,15 @@ class ShmReader(ChannelReader):
         words = self._words
         try:
             view = self._slots.readable(slot)
+            origin = origin_of(view)
+            if origin is not None:
+                external, self._upstream = self._foreign.resolve(origin, self._open_control)
+                self._forwarded = (external, origin)
+                value = loads(view, external=external, copy=copy)
+                if copy:
+                    self.release()
+                    self._give_upstream()
+                return value
             if copy:
                 if not has_buffers(view):  # unpickling copies already: no private copy
                     value = loads(view)
@@ -303,9 +340,49 @@ class ShmReader(ChannelReader):
             raise
 
     def release(self) -> None:
+        if self._upstream is not None:
+            self._give_upstream()
         if self._holding:
             self._holding = False
             self._free.post_fast()
+
+    def _give_upstream(self) -> None:
+        upstream, self._upstream, self._forwarded = self._upstream, None, None
+        if upstream is not None:
+            upstream.post()
+
+    def held(self) -> tuple[memoryview, bytes] | None:
+        """The slot holding the buffers of the value this reader holds (its data view)
+        and the pickled origin a forwarded value names it by: this reader's own slot,
+        or for a value forwarded to it the slot it came from (forwarded on again, the
+        value's buffers stay there). None when it holds nothing."""
+        if self._upstream is not None:
+            return self._forwarded
+        if not self._holding:
+            return None
+        return self._held_slot((self._words[self._word] - 1) % self._handle.max_inflight)
+
+    def _held_slot(self, slot: int) -> tuple[memoryview, bytes]:
+        at, handle = _W_SLOTS + _SLOT_WORDS * slot, self._handle
+        gen, capacity = self._words[at], self._words[at + 1]
+        origin = (f"{handle.name}_{gen}", capacity, handle.name, handle.reader, handle.num_readers,
+                  handle.max_inflight)
+        return self._slots.readable(slot), pickle.dumps(origin)
+
+    def hand_over(self) -> None:
+        """Stop holding the slot ``held`` named without giving it back: the reader of the
+        value this one forwarded gives it back (``write(forward_from=...)``). A value that
+        was forwarded to this reader passes its origin on; its own slot (a small record)
+        is given back now."""
+        if self._upstream is not None:
+            self._upstream = self._forwarded = None
+            self.release()
+        else:
+            self._holding = False
+
+    @staticmethod
+    def _open_control(name: str, num_readers: int, max_inflight: int, reader: int) -> Semaphore:
+        return _Control.open(ShmHandle(name, num_readers, max_inflight)).free[reader]
 
     def close(self) -> None:
         self._control.close()
@@ -317,114 +394,6 @@ class ShmReader(ChannelReader):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ShmHandle.attach, (self._handle,))
-
-
-# --------------------------------------------------------------------------- control segment
-class _Control:
-    """The mapped control segment: header words and the semaphores."""
-
-    def __init__(self, mm: mmap.mmap, num_readers: int, max_inflight: int) -> None:
-        self.mm = mm
-        self.words = memoryview(mm).cast("Q")
-        anchor = ctypes.c_char.from_buffer(mm)  # pins the mapping for the semaphores
-        base = ctypes.addressof(anchor) + _sem_offset(num_readers, max_inflight)
-        ready_at = [base + 2 * r * _SEM_STRIDE for r in range(num_readers)]
-        self.ready = [Semaphore(at, anchor) for at in ready_at]
-        self.free = [Semaphore(at + _SEM_STRIDE, anchor) for at in ready_at]
-        self.max_inflight = max_inflight
-
-    @classmethod
-    def open(cls, handle: ShmHandle) -> _Control:
-        try:
-            mm = open_segment(handle.name)
-        except FileNotFoundError:
-            raise ChannelClosedError(
-                f"shm channel {handle.name}: no such segment in {SHM_DIR} (torn down, or "
-                "never created: create it with ShmChannel.create before attaching)"
-            ) from None
-        control = cls(mm, handle.num_readers, handle.max_inflight)
-        layout = (_MAGIC, handle.num_readers, handle.max_inflight)
-        if tuple(control.words[i] for i in (_W_MAGIC, _W_READERS, _W_INFLIGHT)) != layout:
-            raise ValueError(
-                f"shm channel {handle.name}: segment layout does not match the handle "
-                f"({handle.num_readers} readers, {handle.max_inflight} slots)"
-            )
-        return control
-
-    def initialise(self) -> None:
-        w = self.words
-        w[_W_MAGIC], w[_W_VERSION] = _MAGIC, _VERSION
-        w[_W_READERS], w[_W_INFLIGHT] = len(self.ready), self.max_inflight
-        for ready, free in zip(self.ready, self.free, strict=True):
-            ready.init(0)
-            free.init(self.max_inflight)
-
-    def is_closed(self) -> bool:
-        return self.words[_W_CLOSED] != 0
-
-    def close(self) -> None:
-        self.words[_W_CLOSED] = 1
-        for sem in (*self.ready, *self.free):
-            sem.post()  # each semaphore has at most one waiter: one post wakes it
-
-
-class _SlotMaps:
-    """This process's mappings of the slots' data segments, by generation."""
-
-    def __init__(self, handle: ShmHandle, control: _Control) -> None:
-        self._handle = handle
-        self._words = control.words
-        n = handle.max_inflight
-        # Read by the C fast path too (it holds these very lists): mutate, never rebind.
-        self.gens = [0] * n
-        self.views: list[memoryview | None] = [None] * n
-
-    def readable(self, slot: int) -> memoryview:
-        at = _W_SLOTS + _SLOT_WORDS * slot
-        gen, view = self._words[at], self.views[slot]
-        if view is None or self.gens[slot] != gen:
-            mm = open_segment(f"{self._handle.name}_{gen}", self._words[at + 1])
-            view = self._map(slot, gen, mm)
-        return view
-
-    def writable(self, slot: int, nbytes: int) -> memoryview:
-        words, at = self._words, _W_SLOTS + _SLOT_WORDS * slot
-        gen, capacity = words[at], words[at + 1]
-        if nbytes <= capacity:
-            return self.readable(slot)
-        new_capacity = _round_up(max(nbytes, self._handle.buffer_size, capacity * 3 // 2), _PAGE)
-        new_gen = words[_W_NEXT_GEN] = words[_W_NEXT_GEN] + 1  # recorded before it exists
-        mm = create_segment(f"{self._handle.name}_{new_gen}", new_capacity)
-        if gen:
-            unlink_quietly(f"{self._handle.name}_{gen}")  # live views keep their pages
-        words[at], words[at + 1] = new_gen, new_capacity
-        return self._map(slot, new_gen, mm)
-
-    def _map(self, slot: int, gen: int, mm: mmap.mmap) -> memoryview:
-        # The old view is dropped, never closed: arrays may still point into it.
-        view = memoryview(mm)
-        self.gens[slot], self.views[slot] = gen, view
-        return view
-
-    def drop(self) -> None:
-        self.views[:] = [None] * len(self.views)
-
-
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-def _reader_word(max_inflight: int, reader: int) -> int:
-    return _W_SLOTS + _SLOT_WORDS * max_inflight + reader
-
-
-def _sem_offset(num_readers: int, max_inflight: int) -> int:
-    return _round_up(8 * _reader_word(max_inflight, num_readers), _SEM_STRIDE)
-
-
-def _control_size(num_readers: int, max_inflight: int) -> int:
-    size = _sem_offset(num_readers, max_inflight) + 2 * num_readers * _SEM_STRIDE
-    return _round_up(size, _PAGE)
 
 
 def _closed(handle: ShmHandle, what: str) -> ChannelClosedError:

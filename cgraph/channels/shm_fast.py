@@ -62,14 +62,15 @@ class FastShmWriter(ShmWriter):
         super().__init__(handle)
         self._core = _core(handle, self._control, self._slots)
 
-    def write(self, value: Any, timeout: float | None = None) -> None:
-        if self._core.write(value, timeout) is not None:  # MISS: Python finishes
-            self._write_missed(value, timeout)
+    def write(self, value: Any, timeout: float | None = None, forward_from: Any = ()) -> Any:
+        if self._core.write(value, timeout) is not None:  # MISS: Python finishes (and forwards)
+            return self._write_missed(value, timeout, forward_from)
+        return None
 
-    def _write_missed(self, value: Any, timeout: float | None) -> None:
+    def _write_missed(self, value: Any, timeout: float | None, forward_from: Any) -> Any:
         if self._core.status == fastpath.WAIT_FAILED:
             raise _wait_failed(self._handle, self._control, "write to", timeout)
-        super().write(value, timeout)  # FALLBACK: nothing done yet
+        return super().write(value, timeout, forward_from)  # FALLBACK: nothing done yet
 
     def detach(self) -> None:
         self._core.detach()
@@ -85,10 +86,38 @@ class FastShmReader(ShmReader):
         self.release = self._core.release  # type: ignore[method-assign]  # C, no frame
 
     def read(self, timeout: float | None = None, copy: bool = False) -> Any:
+        if self._upstream is not None:  # the last value was forwarded: give its origin back too
+            self._give_upstream()
         value = self._core.read(timeout, copy)
         if value is _MISS:
             return self._read_missed(timeout, copy)
         return value
+
+    def _decode(self, slot: int, copy: bool) -> Any:
+        value = super()._decode(slot, copy)
+        if self._upstream is not None:  # a forwarded value: release gives both slots back
+            self.release = self._release_both  # type: ignore[method-assign]
+        return value
+
+    def _release_both(self) -> None:
+        self.release = self._core.release  # type: ignore[method-assign]
+        self._core.release()
+        self._give_upstream()
+
+    def held(self) -> tuple[memoryview, bytes] | None:
+        if self._upstream is not None:
+            return self._forwarded
+        if not self._core.holding:
+            return None
+        return self._held_slot((self._words[self._word] - 1) % self._handle.max_inflight)
+
+    def hand_over(self) -> None:
+        if self._upstream is not None:  # passes the origin on; our slot holds a small record
+            self._upstream = self._forwarded = None
+            self.release = self._core.release  # type: ignore[method-assign]
+            self._core.release()
+        else:
+            self._core.forget()
 
     def _read_missed(self, timeout: float | None, copy: bool) -> Any:
         status = self._core.status

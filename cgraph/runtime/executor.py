@@ -14,6 +14,7 @@ place of the result; the loop itself never stops for one.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Coroutine
 from functools import partial
@@ -22,6 +23,7 @@ from typing import Any
 
 from cgraph import _spans
 from cgraph.channels.intra_channel import IntraWriter
+from cgraph.channels.shm_channel import ShmWriter
 from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError
 from cgraph.runtime import coverage_hook
 from cgraph.runtime.affinity import pin_thread
@@ -175,6 +177,8 @@ def read_step(op: Op, ctx: Context) -> Step:
 def write_step(op: Op, ctx: Context) -> Step:
     values, node, writers = ctx.values, op.node, ctx.writers[op.node]
     pass_pending = node in ctx.in_process_only  # the in-process reader waits on use
+    if _forwards(op, ctx):
+        return _forwarding_write(op, ctx)
 
     def write() -> None:
         value = values[node]
@@ -190,6 +194,42 @@ def write_step(op: Op, ctx: Context) -> Step:
             error = _transfer_error(ctx, node, exc, "could not be sent")
             for rest in writers[writers.index(writer):]:
                 rest.write(error)
+
+    return write
+
+
+def _forwards(op: Op, ctx: Context) -> bool:
+    """Whether WRITE ``op`` may forward what it read instead of copying it: the lane's last
+    op (no method of this execution sees the value after it, no other write copies from
+    the slot it hands over) and one shared-memory writer (``shm_channel``'s Forwarding)."""
+    writers = ctx.writers[op.node]
+    return (op is ctx.program.ops[-1] and len(writers) == 1 and isinstance(writers[0], ShmWriter)
+            and op.node not in ctx.in_process_only and os.environ.get(FORWARD_ENV, "1") != "0")
+
+
+FORWARD_ENV = "CGRAPH_FORWARD"
+"""``CGRAPH_FORWARD=0`` in an actor's environment: pass-throughs copy (benchmarks compare)."""
+
+
+def _forwarding_write(op: Op, ctx: Context) -> Step:
+    """A pass-through's WRITE: buffers of the value that lie in a slot this actor read
+    stay there; the next reader views them and gives that slot back (zero-copy)."""
+    values, node, (writer,) = ctx.values, op.node, ctx.writers[op.node]
+    held = ctx.to_release
+
+    def write() -> None:
+        value = values[node]
+        if type(value) is Pending:
+            value = ctx.value(node)
+        try:
+            taken = writer.write(value, forward_from=held)
+        except RuntimeGraphError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as write_step: the value's error goes instead
+            writer.write(_transfer_error(ctx, node, exc, "could not be sent"))
+            return
+        if taken is not None:
+            held.remove(taken)  # its hold is the next reader's now
 
     return write
 

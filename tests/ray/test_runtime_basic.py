@@ -118,6 +118,41 @@ def test_numpy_zero_copy_and_larger_than_buffer(workers):
         compiled.teardown()
 
 
+def test_pass_through_stages_forward_the_drivers_slot_without_a_copy(workers):
+    # each echo's WRITE is its lane's last op: it hands on the slot it read, so the last
+    # stage reads the array in the input channel's slot (n0), written once by the driver
+    a, b, c, d = workers(4)
+    with InputNode() as inp:
+        dag = d.segment_of.bind(c.echo.bind(b.echo.bind(a.echo.bind(inp))))
+    compiled = cgraph.compile(dag, buffer_size_bytes=1 << 16)
+    try:
+        arrays = [np.full(1 << 17, float(i)) for i in range(6)]  # 1 MiB each, above the buffer
+        refs = [compiled.execute(arr) for arr in arrays[:3]]  # several in flight
+        got = [ref.get(timeout=60) for ref in refs] + [compiled.execute(arr).get(timeout=60) for arr in arrays[3:]]
+    finally:
+        compiled.teardown()
+    for (segment, total), arr in zip(got, arrays, strict=True):
+        assert total == arr.sum()
+        assert segment is not None and "_n0.shm_" in segment, segment  # the driver's input slot
+
+
+def test_a_stage_that_reads_after_its_write_copies(workers):
+    # b writes n2, then runs another method on what it read: no forwarding (b's slot
+    # must stay its own until its execution ends), so c reads b's channel
+    a, b, c = workers(3)
+    with InputNode() as inp:
+        x = a.echo.bind(inp)
+        y = b.echo.bind(x)
+        dag = MultiOutputNode([c.segment_of.bind(y), b.zero_copy.bind(x)])
+    compiled = cgraph.compile(dag)
+    try:
+        (segment, total), (shm, other, _) = compiled.execute(np.ones(1 << 17)).get(timeout=60)
+    finally:
+        compiled.teardown()
+    assert total == other == 1 << 17 and shm
+    assert segment is not None and "_n2.shm_" in segment, segment
+
+
 def test_torch_zero_copy(workers):
     torch = pytest.importorskip("torch")
     a, b = workers(2)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from cgraph.channels import serialization
-from cgraph.channels import shm_channel as shm
+from cgraph.channels import shm_layout as shm
 from cgraph.channels.segments import SHM_DIR
 from cgraph.channels.semaphore import Semaphore, fastpath
 from cgraph.channels.shm_channel import FASTPATH, ShmChannel, ShmReader, ShmWriter
