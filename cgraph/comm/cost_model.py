@@ -33,9 +33,18 @@ reduction server trades ring's 2(p-1) latencies for 2(L+m-2). Without
     ring                    30    125.829      62.915    132.421 ms  <- best
 
 The model counts a blocking transport: slices add latencies, and the stages of
-slices in flight are not credited with overlapping. One beta serves intra- and
-inter-node links alike, so it cannot show the reduction server's real gain
-(keeping most bytes on fast intra-node links); fit it per layout to see that.
+slices in flight are not credited with overlapping.
+
+Two link classes. With ``ranks_per_node`` (L ranks per node, ranks numbered node
+by node, m nodes) each algorithm's steps and bytes split into those on links
+within a node (alpha, beta) and between nodes (``alpha_inter``, ``beta_inter``):
+ring and chain move in lock step, so on m > 1 nodes every step waits for an
+inter-node link and all of it counts there; star's root talks to p-L ranks on
+other nodes; tree's top ceil(log2 m) levels and butterfly's distances >= L cross
+nodes; the reduction server keeps 2(L-1) steps and 2(L-1)/L n bytes inside
+nodes and sends only 2(m-1)/(L m) n across. Equal parameters give the
+one-class totals above. ``fit`` determines the inter-node pair too when its
+samples have inter-node terms (several layouts).
 
 ``fit`` recovers (alpha, beta, gamma) by least squares on relative error; beta
 and gamma can only be told apart if some samples reduce a different share of
@@ -67,23 +76,49 @@ from cgraph.comm.types import ReduceOp
 
 @dataclass(frozen=True, slots=True)
 class CostParams:
-    """Seconds per message (alpha), per byte moved (beta), per byte reduced (gamma)."""
+    """Seconds per message (alpha), per byte moved (beta), per byte reduced (gamma); for
+    links between nodes ``alpha_inter`` / ``beta_inter`` (None: the same as within one)."""
 
     alpha: float
     beta: float
     gamma: float
+    alpha_inter: float | None = None
+    beta_inter: float | None = None
+
+    @property
+    def inter(self) -> tuple[float, float]:
+        """(alpha, beta) of a link between nodes."""
+        return (self.alpha if self.alpha_inter is None else self.alpha_inter,
+                self.beta if self.beta_inter is None else self.beta_inter)
+
+
+TERM_NAMES = ("latency", "bandwidth", "inter-node latency", "inter-node bandwidth", "reduction")
 
 
 @dataclass(frozen=True, slots=True)
 class Terms:
-    """The coefficients of alpha, beta and gamma in one algorithm's time."""
+    """The coefficients of alpha, beta and gamma in one algorithm's time; ``steps`` and
+    ``moved`` count links within a node, ``steps_inter`` and ``moved_inter`` those between."""
 
     steps: float
     moved: float
     reduced: float
+    steps_inter: float = 0.0
+    moved_inter: float = 0.0
+
+    def parts(self, params: CostParams) -> tuple[float, ...]:
+        """Seconds of each of ``TERM_NAMES``."""
+        alpha_inter, beta_inter = params.inter
+        return (self.steps * params.alpha, self.moved * params.beta, self.steps_inter * alpha_inter,
+                self.moved_inter * beta_inter, self.reduced * params.gamma)
 
     def time(self, params: CostParams) -> float:
-        return self.steps * params.alpha + self.moved * params.beta + self.reduced * params.gamma
+        return sum(self.parts(params))
+
+    def dominant(self, params: CostParams) -> str:
+        """The name of the largest part (``TERM_NAMES``)."""
+        parts = self.parts(params)
+        return TERM_NAMES[parts.index(max(parts))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,36 +132,51 @@ class Sample:
     ranks_per_node: int | None = None
 
 
+def _nodes(p: int, rpn: int) -> int:
+    return math.ceil(p / rpn)
+
+
 def _star(p: int, n: int, rpn: int) -> Terms:
-    return Terms(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n)
+    # the root's node: L-1 messages each way within it, p-L across
+    return Terms(2 * (rpn - 1), 2 * (rpn - 1) * n, (p - 1) * n, 2 * (p - rpn), 2 * (p - rpn) * n)
 
 
 def _chain(p: int, n: int, rpn: int) -> Terms:
     s = max(1, math.ceil(n / chain.SLICE_BYTES))
     hops = p + s - 2
-    return Terms(2 * hops, 2 * hops * n / s, hops * n / s)
+    return _across(Terms(2 * hops, 2 * hops * n / s, hops * n / s), _nodes(p, rpn))
 
 
 def _tree(p: int, n: int, rpn: int) -> Terms:
     levels = (p - 1).bit_length()
-    return Terms(2 * levels, 2 * levels * n, levels * n)
+    inter = (_nodes(p, rpn) - 1).bit_length()  # the levels whose partners sit on other nodes
+    return Terms(2 * (levels - inter), 2 * (levels - inter) * n, levels * n, 2 * inter, 2 * inter * n)
 
 
 def _butterfly(p: int, n: int, rpn: int) -> Terms:
     k, e = p.bit_length() - 1, int(p & (p - 1) != 0)
-    return Terms(k + 2 * e, (k + 2 * e) * n, (k + e) * n)
+    inter = max(0, k - (rpn - 1).bit_length()) if _nodes(p, rpn) > 1 else 0  # distances >= rpn
+    fold = 2 * e if _nodes(p, rpn) > 1 else 0  # the extra ranks fold in from far away
+    return Terms(k - inter + 2 * e - fold, (k - inter + 2 * e - fold) * n, (k + e) * n, inter + fold,
+                 (inter + fold) * n)
 
 
 def _ring(p: int, n: int, rpn: int) -> Terms:
     s = max(1, math.ceil(n / (p * ring.SLICE_BYTES)))
-    return Terms(2 * (p - 1) * s, 2 * (p - 1) * n / p, (p - 1) * n / p)
+    return _across(Terms(2 * (p - 1) * s, 2 * (p - 1) * n / p, (p - 1) * n / p), _nodes(p, rpn))
 
 
 def _reduction_server(p: int, n: int, rpn: int) -> Terms:
-    local, nodes = rpn, math.ceil(p / rpn)
+    local, nodes = rpn, _nodes(p, rpn)
     s = max(1, math.ceil(n / reduction_server.SLICE_BYTES))
     intra, inter = (local - 1) * n / local, (nodes - 1) * n / (local * nodes)
-    return Terms(2 * (local - 1 + nodes - 1) * s, 2 * (intra + inter), intra + inter)
+    return Terms(2 * (local - 1) * s, 2 * intra, intra + inter, 2 * (nodes - 1) * s, 2 * inter)
+
+
+def _across(t: Terms, nodes: int) -> Terms:
+    """A lock-step algorithm over several nodes: every step waits for its slowest link,
+    one between nodes, so all its steps and bytes count as inter-node."""
+    return t if nodes == 1 else Terms(0, 0, t.reduced, t.steps, t.moved)
 
 
 COST: dict[str, Callable[[int, int, int], Terms]] = {
@@ -181,22 +231,30 @@ def choose(
 
 
 def explain(
-    world_size: int, nbytes: int, params: CostParams, ranks_per_node: int | None = None
+    world_size: int, nbytes: int, params: CostParams, ranks_per_node: int | None = None,
+    measured: dict[str, float] | None = None,
 ) -> str:
-    """A table of every candidate's terms and predicted time, the best marked ``<- best``."""
+    """A table of every candidate's terms, predicted time, the term that dominates it and
+    the ``measured`` seconds where given; the best prediction marked ``<- best``."""
     best = choose(world_size, nbytes, params, ranks_per_node)
     layout = f", {ranks_per_node} ranks/node" if ranks_per_node else ""
+    inter = ""
+    if params.alpha_inter is not None or params.beta_inter is not None:
+        inter = f"; between nodes alpha={params.inter[0]:.3g} s, beta={params.inter[1]:.3g} s/B"
     lines = [
         f"allreduce of {nbytes} bytes over {world_size} ranks{layout}; "
-        f"alpha={params.alpha:.3g} s, beta={params.beta:.3g} s/B, gamma={params.gamma:.3g} s/B",
-        f"{'algorithm':<18}{'steps':>8}{'MB moved':>11}{'MB reduced':>12}{'predicted':>14}",
+        f"alpha={params.alpha:.3g} s, beta={params.beta:.3g} s/B, gamma={params.gamma:.3g} s/B{inter}",
+        f"{'algorithm':<18}{'steps':>8}{'MB moved':>11}{'MB reduced':>12}{'predicted':>14}  "
+        f"{'dominant term':<22}{'measured':>10}",
     ]
     for name in candidates(ranks_per_node):
         t = terms(name, world_size, nbytes, ranks_per_node)
         mark = "  <- best" if name == best else ""
+        seen = _format_seconds(measured[name]) if measured and name in measured else "-"
         lines.append(
-            f"{name:<18}{t.steps:>8.0f}{t.moved / 1e6:>11.3f}{t.reduced / 1e6:>12.3f}"
-            f"{_format_seconds(t.time(params)):>14}{mark}"
+            f"{name:<18}{t.steps + t.steps_inter:>8.0f}{(t.moved + t.moved_inter) / 1e6:>11.3f}"
+            f"{t.reduced / 1e6:>12.3f}{_format_seconds(t.time(params)):>14}  {t.dominant(params):<22}"
+            f"{seen:>10}{mark}"
         )
     return "\n".join(lines)
 
@@ -209,27 +267,34 @@ def _format_seconds(seconds: float) -> str:
 
 
 def fit(samples: Iterable[Sample | tuple[str, int, int, float]]) -> CostParams:
-    """Least-squares (alpha, beta, gamma) >= 0 minimising the relative error of ``samples``.
+    """Least-squares (alpha, beta, gamma) >= 0 minimising the relative error of ``samples``;
+    also (alpha_inter, beta_inter) when some samples span several nodes.
 
     Raises:
-        ValueError: fewer than three usable samples, or samples that cannot tell
+        ValueError: fewer usable samples than parameters, or samples that cannot tell
             the parameters apart (e.g. no butterfly samples to separate beta from gamma).
     """
     rows = []
     for s in samples:
         s = s if isinstance(s, Sample) else Sample(*s)
         t = terms(s.algorithm, s.world_size, s.nbytes, s.ranks_per_node)
-        if s.seconds > 0 and t.steps > 0:
-            rows.append((t.steps / s.seconds, t.moved / s.seconds, t.reduced / s.seconds))
-    design = np.array(rows, dtype=np.float64).reshape(-1, 3)
-    scale = np.abs(design).max(axis=0) if len(rows) else np.ones(3)
-    if len(rows) < 3 or np.linalg.matrix_rank(design / np.where(scale > 0, scale, 1)) < 3:
+        if s.seconds > 0 and t.steps + t.steps_inter > 0:
+            rows.append((t.steps, t.moved, t.reduced, t.steps_inter, t.moved_inter, s.seconds))
+    table = np.array(rows, dtype=np.float64).reshape(-1, 6)
+    inter = bool(table[:, 3:5].any())
+    design = table[:, :5 if inter else 3] / table[:, 5:6]
+    unknowns = design.shape[1]
+    scale = np.abs(design).max(axis=0) if len(rows) else np.ones(unknowns)
+    if len(rows) < unknowns or np.linalg.matrix_rank(design / np.where(scale > 0, scale, 1)) < unknowns:
         raise ValueError(
-            f"{len(rows)} usable samples cannot determine alpha, beta and gamma; time "
+            f"{len(rows)} usable samples cannot determine the {unknowns} parameters; time "
             "several sizes and include butterfly (it alone reduces every byte it moves)"
+            + (", and within one node as well as across nodes" if inter else "")
         )
-    alpha, beta, gamma = _nonnegative_lstsq(design / scale, np.ones(len(rows))) / scale
-    return CostParams(float(alpha), float(beta), float(gamma))
+    x = _nonnegative_lstsq(design / np.where(scale > 0, scale, 1), np.ones(len(rows))) / np.where(scale > 0, scale, 1)
+    if not inter:
+        return CostParams(float(x[0]), float(x[1]), float(x[2]))
+    return CostParams(float(x[0]), float(x[1]), float(x[2]), float(x[3]), float(x[4]))
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:

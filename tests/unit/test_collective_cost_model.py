@@ -48,8 +48,44 @@ def test_textbook_values() -> None:
     assert terms("butterfly", 6, n) == cost_model.Terms(4, 4 * n, 3 * n)  # fold + unfold
     assert terms("star", p, n) == cost_model.Terms(14, 14 * n, 7 * n)
     rs = terms("reduction_server", 16, n, ranks_per_node=4)
-    assert rs.steps == 2 * (3 + 3) and math.isclose(rs.moved, 2 * 15 / 16 * n)
+    assert rs.steps + rs.steps_inter == 2 * (3 + 3) and math.isclose(rs.moved + rs.moved_inter, 2 * 15 / 16 * n)
     assert predict("ring", 1, n, CLUSTER) == 0.0 and predict("ring", 8, 0, CLUSTER) == 0.0
+
+
+def test_two_nodes_split_each_algorithm_into_links_within_and_between_nodes() -> None:
+    p, n, rpn = 8, 1 << 20, 4  # 2 nodes of 4 ranks
+    rs = terms("reduction_server", p, n, rpn)
+    assert (rs.steps, rs.steps_inter) == (6, 2)  # 2(L-1) within, 2(m-1) across
+    assert math.isclose(rs.moved, 2 * 3 / 4 * n) and math.isclose(rs.moved_inter, 2 * 1 / 8 * n)
+    ring = terms("ring", p, n, rpn)
+    assert (ring.steps, ring.moved, ring.steps_inter) == (0, 0, 14)  # lock step: all at the slowest link
+    tree, star, fly = terms("tree", p, n, rpn), terms("star", p, n, rpn), terms("butterfly", p, n, rpn)
+    assert (tree.steps, tree.steps_inter) == (4, 2) and (star.steps, star.steps_inter) == (6, 8)
+    assert (fly.steps, fly.steps_inter) == (2, 1)  # distances 1, 2 within a node, 4 across
+    for name in ALGORITHMS:  # one node: nothing crosses
+        assert terms(name, p, n, p).steps_inter == 0
+    for name in set(ALGORITHMS) - {"reduction_server"}:  # equal parameters: the one-class totals
+        assert math.isclose(predict(name, p, n, CLUSTER, rpn), predict(name, p, n, CLUSTER, p))
+
+
+def test_slow_links_between_nodes_favour_the_reduction_server() -> None:
+    p, n = 8, 16 << 20
+    slow = CostParams(alpha=2e-6, beta=1 / 100e9, gamma=1 / 50e9,  # NVLink-class within a node
+                      alpha_inter=1e-5, beta_inter=1 / 25e9)  # 25 GB/s between nodes
+    assert choose(p, n, slow, ranks_per_node=4) == "reduction_server"
+    assert terms("ring", p, n, 4).dominant(slow) == "inter-node bandwidth"
+    text = explain(p, n, slow, ranks_per_node=4, measured={"ring": 0.0123})
+    assert "between nodes alpha=1e-05 s" in text and "inter-node bandwidth" in text and "12.300 ms" in text
+
+
+def test_fit_recovers_the_parameters_between_nodes_from_two_layouts() -> None:
+    truth = CostParams(alpha=3e-6, beta=2e-10, gamma=5e-11, alpha_inter=4e-5, beta_inter=1e-9)
+    samples = [Sample(a, 8, n, predict(a, 8, n, truth, rpn), rpn)
+               for a in ("ring", "butterfly", "tree", "reduction_server") for n in (8, 1 << 14, 1 << 20)
+               for rpn in (8, 4, 2)]
+    got = fit(samples)
+    for field in ("alpha", "beta", "gamma", "alpha_inter", "beta_inter"):
+        assert math.isclose(getattr(got, field), getattr(truth, field), rel_tol=1e-6), field
 
 
 def test_reduction_server_is_a_candidate_only_with_a_layout() -> None:
