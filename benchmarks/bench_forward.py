@@ -144,12 +144,13 @@ def report(results: dict[str, Any]) -> str:
     mib = data["size_bytes"] >> 20
     return "\n".join([
         "# Pass-through stages: forwarding instead of copying", "",
-        f"Measured {results['created']} on {results['host'].get('cpu', 'this machine')}; "
+        f"Measured {results['created']} on {results['host']['cpu_model']} ({results['host']['cpu_count']} cores); "
         f"`{results['command']}`. A {mib} MiB float64 array through 3 actors whose methods return "
         "their input unchanged, then a float back to the driver; one execution at a time. One copy of "
         f"the array into shared memory takes {data['one_copy_into_shm_ms']:.1f} ms here (the physical "
         "reference, measured the way the channel copies); \"copies' worth\" is an execution's median "
-        "over it. With forwarding the only copy is the driver's write; copying, each stage adds one.", "",
+        "over it. With forwarding the only copy is the driver's write; copying, each stage adds one. "
+        "The machine is shared: compare the ratios within this run.", "",
         markdown_table(["system", "median ms", "round medians ms", "copies' worth", "vs cgraph"], rows), "",
     ])
 

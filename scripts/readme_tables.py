@@ -180,9 +180,21 @@ def channels(data: dict[str, Any]) -> str:
                    f"uses {data['idle_reader']['cpu_percent']:.0f}% CPU.")
 
 
+def forward(data: dict[str, Any]) -> str:
+    run = data["sections"]["passthrough"]["systems"]
+    mib = data["sections"]["passthrough"]["size_bytes"] >> 20
+    return heading("Pass-through stages", "bench_forward.py", "forward.md",
+                   f"a {mib} MiB array through 3 actors that return their input: "
+                   f"{num(run['cgraph']['median_ms'])} ms per execution forwarding the slot it read "
+                   f"({run['cgraph']['copies_worth']:.2f} copies' worth), "
+                   f"{num(run['cgraph_copying']['median_ms'])} ms copying at each stage, Ray CG "
+                   f"{num(run['ray_cgraph']['median_ms'])} ms; medians.")
+
+
 AREAS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("runtime.json", runtime), ("collective.json", collective), ("overlap.json", overlap),
-    ("crossnode.json", crossnode), ("scheduler.json", scheduler), ("channels.json", channels),
+    ("crossnode.json", crossnode), ("forward.json", forward), ("scheduler.json", scheduler),
+    ("channels.json", channels),
 )
 
 
