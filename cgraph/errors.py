@@ -108,6 +108,13 @@ class ActorDiedError(RuntimeGraphError):
         self.actor = actor
 
 
+class CommunicatorError(RuntimeGraphError):
+    """A communicator group of the graph failed: one of its calls raised in an earlier
+    execution, so the group carries nothing more in this graph and each later op of it
+    fails with this error (the rest of the graph keeps working); recompile the graph to
+    use the group again. Also the error of a member woken by that fault's abort."""
+
+
 class GraphTornDownError(RuntimeGraphError):
     """The compiled graph was torn down (explicitly, or after a fatal failure)."""
 

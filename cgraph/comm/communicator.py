@@ -101,7 +101,9 @@ class Communicator(ABC):
     through rank 0 over ``send``/``recv``. Calls are matched per peer pair in
     the order issued, as in NCCL; receives and collectives fill tensors the
     caller allocated. cgraph pickles the object, ships a copy to every member
-    actor and calls ``initialize`` there first. Pass it per edge
+    actor and calls ``initialize`` there first, at compile. A call that raises
+    fails that execution with its exception and, for the rest of the compiled
+    graph, the group (``cgraph.CommunicatorError``). Pass it per edge
     (``TorchTensorType(transport=obj)``) or as ``compile(dag,
     default_communicator=obj)``. docs/transports.md has the whole contract.
     """
@@ -111,6 +113,8 @@ class Communicator(ABC):
 
         Built-in communicators are created initialised; a user communicator
         connects to its peers here, not in ``__init__`` (which runs on the driver).
+        A compiled graph calls it during ``compile``, in every member at once (on
+        the actor's default thread); an exception here fails ``compile``.
 
         Args:
             rank: this member's rank.

@@ -42,6 +42,14 @@ execution like a shared-memory channel read; ``release()`` frees the slot at
 the execution's end. Earlier tensors on the link are copies, since the link
 holds one viewed message at a time.
 
+After a fault of the group's communicator (``comm_faults``) no tensor crosses
+again: the writer writes ``Failed(seq, error, failure)`` for each value
+(``skip``; ``retract`` for the value whose send raised, before the group's
+control closes), and the reader reads side items up to its value's ``Failed``
+(``skip``, ``settle``), dropping Meta items, waiting a bounded time since a
+writer whose send went through before it saw the fault writes none; ``failure``
+says why the group failed, so every member's later errors say the same.
+
 Errors of the protocol itself become ``ErrorValue`` s that flow like user
 errors (the graph stays usable): a ``_direct_return`` method that returns
 anything but one tensor, a ``_static_shape`` edge whose tensors change after
@@ -53,6 +61,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +87,7 @@ class Meta:
 class Failed:
     seq: int
     error: ErrorValue
+    failure: Any = None  # the writer's group failed (``comm_faults.GroupFailure``): why
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +233,17 @@ class EdgeWriter(_End):
         for tensor in item.tensors:
             self._send(tensor)
 
+    def skip(self, error: ErrorValue, failure: Any) -> None:
+        """The next value is ``error``, on the side channel alone: the group failed and
+        carries no data (``comm_faults``)."""
+        seq, self.seq = self.seq, self.seq + 1
+        self.side.write(Failed(seq, error, failure))
+
+    def retract(self, error: ErrorValue, failure: Any) -> None:
+        """The value whose ``send`` just raised (sent in part or not at all) is ``error``
+        for the reader, which finds it after the group's abort woke it (``settle``)."""
+        self.side.write(Failed(self.seq - 1, error, failure))
+
     def _fail(self, seq: int, error: ErrorValue) -> None:
         import torch
 
@@ -249,7 +270,8 @@ class EdgeReader(_End):
 
     def __init__(self, comm: Any, peer: int, side: Any, hint: Any, node: str, *, view_last: bool = False) -> None:
         super().__init__(comm, peer, side, hint, node)
-        self.stash: Failed | None = None
+        self.stash: dict[int, Failed] = {}  # Failed items read ahead of their value, by seq
+        self.failure: Any = None  # the writer's group failure, from the last Failed that had one
         self.viewer = view_receiver(comm) if view_last else None
         self.leases: list[Any] = []  # what the views handed out in this execution hold
 
@@ -268,6 +290,7 @@ class EdgeReader(_End):
                 f"value {seq}; the two ends disagree (a cgraph bug)"
             )
         if isinstance(item, Failed):
+            self.failure = item.failure or self.failure
             return item.error, []
         specs = item.specs if item.specs is not None else self.specs
         if self.static and self.specs is None:
@@ -303,18 +326,49 @@ class EdgeReader(_End):
         finally:
             self.side.release()
 
+    def skip(self, wait: float) -> Failed | None:
+        """The next value of a failed group, without a communicator call: its ``Failed``
+        item, waited for up to ``wait`` seconds (``_drain``), or None."""
+        seq, self.seq = self.seq, self.seq + 1
+        return self._drain(seq, wait)
+
+    def settle(self, wait: float) -> Failed | None:
+        """After ``recv`` raised: the ``Failed`` item the writer wrote for that value (its
+        own fault, written before it closed the group's control), or None."""
+        return self._drain(self.seq - 1, wait)
+
+    def _drain(self, seq: int, wait: float) -> Failed | None:
+        """Side items up to the ``Failed`` of value ``seq``: Meta items (data nobody will
+        receive) and earlier values' items are dropped, later values' Failed kept. Waits
+        up to ``wait`` s, less once an item of a later value shows that none will come
+        (a writer whose send went through before it saw the group fail writes none)."""
+        deadline = time.monotonic() + wait
+        while seq not in self.stash and not any(s > seq for s in self.stash):
+            item = self._poll_one(max(0.0, deadline - time.monotonic()))
+            if item is None:
+                break
+            if isinstance(item, Failed) and item.seq >= seq:
+                self.stash[item.seq] = item
+            if item.seq > seq:
+                break
+        for old in [s for s in self.stash if s < seq]:
+            del self.stash[old]
+        return self.stash.pop(seq, None)
+
     def _poll(self, seq: int) -> Failed | None:
-        if self.stash is None:
-            try:
-                self.stash = self.side.read(timeout=0)
-            except TimeoutError:  # ChannelTimeoutError: nothing failed
-                return None
-            finally:
-                self.side.release()
-        if self.stash is not None and self.stash.seq == seq:
-            failed, self.stash = self.stash, None
-            return failed
-        return None
+        if not self.stash:
+            item = self._poll_one(0)
+            if item is not None:
+                self.stash[item.seq] = item  # type: ignore[assignment] - only Failed when polling
+        return self.stash.pop(seq, None)
+
+    def _poll_one(self, timeout: float) -> Meta | Failed | None:
+        try:
+            return self.side.read(timeout=timeout)  # type: ignore[no-any-return]
+        except TimeoutError:  # ChannelTimeoutError: nothing there
+            return None
+        finally:
+            self.side.release()
 
     def _place(self, tensors: list[Any]) -> list[Any]:
         """The received tensors on the device the hint asks for ("default": as received)."""

@@ -27,9 +27,10 @@ the shared-memory slots read in it are released, since a SEND may still be
 copying out of one), then frees the link slots that its received views hold:
 a RECV that is the lane's last read of its link (``last_link_reads``) gets
 its last tensor as a view where the communicator offers ``recv_view``. A
-failure on the thread (a channel closed by teardown or by the driver after an
-actor died) surfaces where the value is waited for and ends the loop like any
-closed channel.
+communicator call that raises becomes the op's value (an error) and fails its
+group for the rest of the graph (``comm_faults``); a channel closed by teardown
+or by the driver after an actor died surfaces where the value is waited for
+and ends the loop like any closed channel.
 
 A SEND on the comm stream is still reading its tensor while the loop goes on,
 and the actor's next method may update that tensor in place (an argument it
@@ -43,15 +44,15 @@ collectives keep overlapping the compute that follows them.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cgraph.comm.streams import Body, InlineStreams, streams_of
-from cgraph.errors import ChannelClosedError, RuntimeGraphError
-from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, encode
-from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, GroupEndpoint, open_group
+from cgraph.errors import CommunicatorError, RuntimeGraphError
+from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, Failed, encode
+from cgraph.runtime.comm_faults import SETTLE_S, GroupFaults, Site
+from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, open_group
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.recording import At, nbytes
 from cgraph.scheduler.ops import Op, OpKind, Stream
@@ -73,12 +74,12 @@ class CommState:
         self.readers: dict[tuple[str, str], EdgeReader] = {}
         self.thread: ThreadPoolExecutor | None = None
         self.engines: dict[int, Any] = {}  # id(comm) -> its streams engine (``streams``)
+        self.faults = GroupFaults(ctx.program.label, lambda: ctx.execution)
         ctx.close_hooks.append(self.close)  # first: whatever opens below gets closed
         for name, group in program.groups.items():
             comm = self.comms[name] = open_group(group)
             self.engines[id(comm)] = streams_of(comm)
-            if group.control is not None:
-                _watch(group, comm)
+            self.faults.watch(name, group, comm)
         self.writers = {k: EdgeWriter(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node)
                         for k, e in program.sends.items()}
         viewable = last_link_reads(ctx.program.ops, program)
@@ -188,6 +189,8 @@ def comm_state(ctx: Any) -> CommState:
 
 
 # --------------------------------------------------------------------------- handlers
+# Each body runs where its op runs (inline or on the comm thread, in schedule order);
+# a group that failed calls no communicator again (comm_faults).
 def handle_send(op: Op, ctx: Any) -> None:
     state = comm_state(ctx)
     key = (op.node, op.peer)
@@ -197,9 +200,20 @@ def handle_send(op: Op, ctx: Any) -> None:
     if item is None:
         direct = endpoint.hint is not None and endpoint.hint.direct_return
         item = state.encoded[op.node] = encode(ctx.value(op.node), node=op.node, direct_return=direct, origin=origin)
+    faults = state.faults
+    site = Site(endpoint.group, f"send of node {op.node} to {op.peer} (rank {endpoint.peer_rank})",
+                endpoint.method, ctx.execution)
 
     def body() -> tuple[Any, list[Any]]:
-        writer.send(item, origin)
+        if faults.failed(site.group):  # an upstream error still says what went wrong first
+            error = item if isinstance(item, ErrorValue) else faults.later(site)
+            writer.skip(error, faults.failed(site.group))
+            return None, []
+        try:
+            writer.send(item, origin)
+        except Exception as exc:  # noqa: BLE001 - a fault of the group, or re-raised (comm_faults)
+            writer.retract(faults.fault(site, exc), faults.failed(site.group))
+            faults.spread(site.group)  # after Failed is written: the woken reader finds it
         return None, []
 
     state.run(op, writer.comm, body)
@@ -207,8 +221,28 @@ def handle_send(op: Op, ctx: Any) -> None:
 
 def handle_recv(op: Op, ctx: Any) -> None:
     state = comm_state(ctx)
-    reader = state.readers[(op.node, op.peer)]
-    ctx.values[op.node] = state.run(op, reader.comm, reader.recv)
+    key = (op.node, op.peer)
+    reader, endpoint = state.readers[key], state.program.recvs[key]
+    faults = state.faults
+    site = Site(endpoint.group, f"recv of node {op.node} from {op.peer} (rank {endpoint.peer_rank})",
+                endpoint.method, ctx.execution)
+
+    def body() -> tuple[Any, list[Any]]:
+        if faults.failed(site.group):
+            return _found(faults, site, reader.skip(SETTLE_S)) or faults.later(site), []
+        try:
+            value, tensors = reader.recv()
+        except Exception as exc:  # noqa: BLE001 - a fault of the group, or re-raised (comm_faults)
+            error = faults.fault(site, exc)
+            faults.spread(site.group)
+            woken = isinstance(error.cause, CommunicatorError)  # by the abort: the writer may know why
+            found = _found(faults, site, reader.settle(SETTLE_S if woken else 0))
+            return found or error, []
+        if reader.failure is not None:  # the writer's group failed (the only news of it across nodes)
+            faults.learn(site.group, reader.failure)
+        return value, tensors
+
+    ctx.values[op.node] = state.run(op, reader.comm, body)
 
 
 def handle_collective(op: Op, ctx: Any) -> None:
@@ -217,9 +251,31 @@ def handle_collective(op: Op, ctx: Any) -> None:
     comm = state.comms[endpoint.group]
     value = ctx.value(endpoint.input)
     origin = state.origin(endpoint.method)
-    result = state.run(op, comm, lambda: run_collective(endpoint, comm, value, origin))
+    faults = state.faults
+    site = Site(endpoint.group, f"{endpoint.method} of collective node {op.node}", endpoint.method, ctx.execution)
+
+    def body() -> tuple[Any, list[Any]]:
+        if faults.failed(site.group):
+            return value if isinstance(value, ErrorValue) else faults.later(site), []
+        try:
+            return run_collective(endpoint, comm, value, origin)
+        except Exception as exc:  # noqa: BLE001 - a fault of the group, or re-raised (comm_faults)
+            error = faults.fault(site, exc)
+            faults.spread(site.group)
+            return error, []
+
+    result = state.run(op, comm, body)
     if endpoint.output:
         ctx.values[endpoint.output] = result
+
+
+def _found(faults: GroupFaults, site: Site, found: Failed | None) -> ErrorValue | None:
+    """The error of a writer's ``Failed`` item, unless it only says the group failed (this
+    member says that itself, with the best it knows of why, learnt from the item)."""
+    if found is None:
+        return None
+    faults.learn(site.group, found.failure)
+    return None if isinstance(found.error.cause, CommunicatorError) else found.error
 
 
 # --------------------------------------------------------------------------- collectives
@@ -320,24 +376,6 @@ def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str |
         return (f"collective {endpoint.node} (reducescatter): the first dimension of {tuple(value.shape)} "
                 f"must be a multiple of the {comm.world_size} members")
     return None
-
-
-# --------------------------------------------------------------------------- abort
-def _watch(group: GroupEndpoint, comm: Any) -> None:
-    """Abort ``comm`` when the driver closes the group's control channel (teardown, a death)."""
-
-    def wait() -> None:
-        try:
-            reader = group.control.attach()  # type: ignore[union-attr]
-            try:
-                reader.read()
-            finally:
-                reader.detach()
-        except ChannelClosedError:
-            pass
-        _quietly(comm.abort)
-
-    threading.Thread(target=wait, name=f"cgraph-abort-{group.name}", daemon=True).start()
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

@@ -13,12 +13,17 @@ another node; likewise the watchers' flags), and ships each actor a ``CommProgra
 ``ActorProgram.comm``; the actor opens its communicators on its first
 communicator op (``comm_ops``).
 
-    kind      made on the driver                     opened in the actor          abort
-    cpu       one shm link per ordered rank pair     CpuCommunicator(links)       links closed
-    gloo      a key store actor (ray_store)          ProcessGroupCommunicator     watcher thread
-    nccl      a key store actor (ray_store)          ProcessGroupCommunicator     watcher thread
-    cuda_ipc  data + ack shm links                   CudaIpcCommunicator(links)   links closed
-    custom    the user's object, checked, pickled    obj.initialize(rank, n, id)  watcher thread
+    kind      made on the driver                     opened in the actor          abort() does
+    cpu       one shm link per ordered rank pair     CpuCommunicator(links)       close the links
+    gloo      a key store actor (ray_store)          ProcessGroupCommunicator     abort the process group
+    nccl      a key store actor (ray_store)          ProcessGroupCommunicator     abort the process group
+    cuda_ipc  data + ack shm links                   CudaIpcCommunicator(links)   close the links
+    custom    a copy of the user's object, checked   initialized at compile       the user's abort()
+                                                     (custom_comm)
+
+Every group has a *control* channel that carries nothing: the driver closes it
+at teardown or after a death, a member after its communicator's fault
+(``comm_faults``), and each member's watcher thread then aborts its communicator.
 
 "nccl" groups become "cuda_ipc" when every member sits on one GPU of one node
 (fractional ``num_gpus``), where NCCL cannot run. "cpu" and "cuda_ipc" links are
@@ -40,6 +45,8 @@ from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import Communicator, missing_methods
 from cgraph.errors import CompileError, TransportError
 from cgraph.ir import Graph, NodeKind, Ref, TensorHint
+from cgraph.runtime.comm_faults import FaultBoard
+from cgraph.runtime.custom_comm import drop, initialize_custom, make_custom, open_custom
 from cgraph.runtime.endpoints import node_channel
 from cgraph.runtime.gpu_placement import bind_assigned_gpu, plan_gpu_kind
 from cgraph.runtime.options import CompileOptions
@@ -62,8 +69,10 @@ class GroupEndpoint:
     rank: int
     world_size: int
     payload: Any  # kind-specific: link ends, a rendezvous, the user's object
-    control: Any = None  # a reader handle the driver closes to abort a watched group (shm or socket)
+    control: Any = None  # a reader handle closed to abort the group (shm: any member may; socket: the driver)
     nodes: tuple[str, ...] = ()  # each member's Ray node ("" for the driver's), by rank
+    ready: bool = False  # a user communicator initialized at compile (``custom_comm``)
+    board: Any = None  # this member's end of the group's FaultBoard (``comm_faults``; one node only)
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,7 @@ class CommResources:
     # how long a NCCL group's first handshake (in the first execution) waits for every rank:
     # the graph's get_timeout, since a get gives up then anyway; None: the rendezvous default
     rendezvous_timeout_s: float | None = None
+    ready: list[Any] = field(default_factory=list)  # user communicators initialized at compile
 
     def program_of(self, actor: str) -> CommProgram | None:
         """``ActorProgram.comm`` of ``actor`` (None if it has no communicator op)."""
@@ -129,6 +139,8 @@ class CommResources:
             with contextlib.suppress(Exception):  # after ray.shutdown() they are gone already
                 ray.kill(actor, no_restart=True)
         self.keep_alive.clear()
+        drop(self.ready)  # those of a graph torn down before its loops opened them
+        self.ready.clear()
 
 
 # --------------------------------------------------------------------------- kinds
@@ -157,10 +169,6 @@ def _make_store(res: CommResources, tag: str, name: str, n: int, obj: Any) -> li
     return [rendezvous] * n
 
 
-def _make_custom(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    return [obj] * n
-
-
 def _open_cpu(g: GroupEndpoint) -> Communicator:
     from cgraph.comm.cpu_mesh import CpuCommunicator
 
@@ -187,27 +195,20 @@ def _open_gloo(g: GroupEndpoint) -> Communicator:
     return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "gloo", nodes=g.nodes)
 
 
-def _open_custom(g: GroupEndpoint) -> Communicator:
-    comm = g.payload  # this actor's own unpickled copy
-    comm.initialize(g.rank, g.world_size, g.name)
-    return comm  # type: ignore[no-any-return]
-
-
 @dataclass(frozen=True)
 class GroupKind:
     make: Callable[[CommResources, str, str, int, Any], list[Any]]  # one payload per rank
     open: Callable[[GroupEndpoint], Communicator]
-    watch: bool  # abort it from a thread when the driver closes the graph
 
 
 GROUP_KINDS: dict[str, GroupKind] = {
-    "cpu": GroupKind(_make_cpu, _open_cpu, watch=False),
-    "gloo": GroupKind(_make_store, _open_gloo, watch=True),
-    "nccl": GroupKind(_make_store, _open_nccl, watch=True),
-    "cuda_ipc": GroupKind(_make_ipc, _open_ipc, watch=False),
-    "custom": GroupKind(_make_custom, _open_custom, watch=True),
+    "cpu": GroupKind(_make_cpu, _open_cpu),
+    "gloo": GroupKind(_make_store, _open_gloo),
+    "nccl": GroupKind(_make_store, _open_nccl),
+    "cuda_ipc": GroupKind(_make_ipc, _open_ipc),
+    "custom": GroupKind(make_custom, open_custom),
 }
-"""Per kind of group: driver-side make, actor-side open, abort by watcher (a test checks every kind)."""
+"""Per kind of group: driver-side make, actor-side open (a test checks every kind)."""
 
 
 def open_group(endpoint: GroupEndpoint) -> Communicator:
@@ -314,7 +315,8 @@ def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: Co
 
     Raises:
         CompileError: an unknown communicator, a user communicator that lacks a
-            method or cannot be pickled, or NCCL actors that share some GPUs.
+            method, cannot be pickled or raises in ``initialize`` (run here in its
+            actors, ``custom_comm``), or NCCL actors that share some GPUs.
     """
     graph: Graph = planned.graph
     groups, of_collective = plan_groups(graph, planned.plan, _default_name(front, options))
@@ -335,6 +337,8 @@ def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: Co
                 _add_edge(res, programs, graph, groups[spec.transport], spec, tag, options)
         for node_id, name in of_collective.items():
             _add_collective(programs, graph, graph.node(node_id), groups[name])
+        labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
+        res.ready = initialize_custom(front.handles, programs, labels, res.rendezvous_timeout_s)
     except BaseException:
         res.unlink()
         raise
@@ -371,11 +375,14 @@ def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str,
     kind, n = GROUP_KINDS[group.kind], len(group.members)
     payloads = kind.make(res, tag, group.name, n, group.obj)
     controls: list[Any] = [None] * n
-    if kind.watch and not any(hosts[m] for m in group.members):
+    boards: list[Any] = [None] * n
+    if not any(hosts[m] for m in group.members):
         shared = ShmChannel.create(tag, f"{group.name}.abort", num_readers=n, max_inflight=1, buffer_size=64)
-        res.channels.append(shared)
+        board = FaultBoard.create(tag, group.name, n)
+        res.channels += [shared, board]
         controls = [shared.reader_handle(rank) for rank in range(n)]
-    elif kind.watch:  # members on other nodes: one channel each, closed at teardown
+        boards = [board.handle(rank) for rank in range(n)]
+    else:  # members on other nodes: one channel each, closed by the driver
         for rank, member in enumerate(group.members):
             channel = node_channel(tag, f"{group.name}.abort{rank}", ("", hosts[member]),
                                    max_inflight=1, buffer_size=64, **res.sockets)
@@ -383,7 +390,7 @@ def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str,
             controls[rank] = channel.reader_handle(0)
     return {
         actor: GroupEndpoint(f"{tag}/{group.name}", group.kind, rank, n, payloads[rank], controls[rank],
-                             tuple(hosts[m] for m in group.members))
+                             tuple(hosts[m] for m in group.members), board=boards[rank])
         for rank, actor in enumerate(group.members)
     }
 
