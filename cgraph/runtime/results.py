@@ -84,6 +84,11 @@ class OutputReader:
                             self._check_buffer_room()
                         self._read_next(deadline, want=index)
                 except _EarlyError as early:  # another output of it failed: so does this read
+                    # As in Ray, the execution is finished: the error is every output's
+                    # result, buffered for the other refs; its outputs still in flight are
+                    # read away and dropped, also by execute() when it needs the room.
+                    self._results[index] = [early.error] * len(self._ep.output_spec)
+                    self._discarded.add(index)
                     if output is not None:
                         self._output_done(index)
                     raise early.error.to_exception() from None
@@ -209,15 +214,16 @@ class OutputReader:
         self._store(index)
 
     def _store(self, index: int) -> None:
-        """Execution ``index``'s outputs are all read: keep them for its refs."""
-        values = [self._output_value(kind, what, index) for kind, what in self._ep.output_spec]
-        self._partial.clear()
-        self._inputs_kept.pop(index, None)
-        self._next_read += 1
+        """Execution ``index``'s outputs are all read: keep them for its refs. A dropped
+        execution's are not built at all (``_forget`` already let its inputs go)."""
         if index in self._discarded:
             self._discarded.discard(index)
         else:
-            self._results[index] = values
+            self._results[index] = [self._output_value(kind, what, index)
+                                    for kind, what in self._ep.output_spec]
+        self._partial.clear()
+        self._inputs_kept.pop(index, None)
+        self._next_read += 1
 
     def _output_value(self, kind: str, what: Any, index: int) -> Any:
         if kind == "node":

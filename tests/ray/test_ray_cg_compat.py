@@ -249,6 +249,20 @@ def test_later_ref_read_after_earlier_refs_dropped(make):
         assert ray.get(r3) == 6
 
 
+def test_dropped_ref_of_a_graph_that_returns_its_input(make):
+    # Found by benchmarks/fault_soak.py: the dropped execution's kept inputs were let go
+    # before it was read away, and building its (unwanted) outputs then raised IndexError
+    # from the next get(), and from every get() after it.
+    (acc,) = make(Acc, 1)
+    with InputNode() as inp:
+        dag = MultiOutputNode([acc.add.bind(inp[0]), inp[1]])
+    with _compile(dag) as compiled:
+        dropped = compiled.execute(1, "a")
+        del dropped
+        assert ray.get(compiled.execute(2, "b")) == [3, "b"]
+        assert ray.get(compiled.execute(3, "c")) == [6, "c"]
+
+
 # --------------------------------------------------------------------------- execute() arguments
 def test_wrong_execute_arguments_raise_value_error(make):
     a, b = make(Worker, 2)
@@ -324,6 +338,29 @@ def test_error_in_one_output_raises_without_waiting_for_slow_outputs(make):
             refs[1].get(timeout=30)
         assert ray.get(compiled.execute(3), timeout=30) == [3, 3]
         assert not compiled._results, "nothing of the failed executions stays buffered"
+
+
+def test_an_execution_that_raised_early_is_finished_while_its_other_refs_are_held(make):
+    # Found by benchmarks/fault_soak.py. ray.get(refs) reads [ref.get() for ref in refs]
+    # and stops at the error, so the slow output's ref stays unread (and held). As in
+    # Ray, the execution no longer counts as in flight: the next execute() has room
+    # (cgraph used to raise CapacityError), and the held ref raises the same error at once.
+    a, b = make(Worker, 2)
+    with InputNode() as inp:
+        dag = MultiOutputNode([a.sleep_then.bind(inp, seconds=1.0), b.fail_if.bind(inp, bad=2)])
+    with _compile(dag, _max_inflight_executions=2) as compiled:
+        failed = compiled.execute(2)
+        second = compiled.execute(1)
+        with pytest.raises(ValueError, match="bad input 2"):
+            ray.get(failed, timeout=30)  # failed[0] raised; failed[1] is unread
+        third = compiled.execute(3)  # room: execution 0 is finished
+        start = time.monotonic()
+        with pytest.raises(ValueError, match="bad input 2"):
+            failed[1].get(timeout=30)
+        assert time.monotonic() - start < 0.5, "the held ref has its result already"
+        assert ray.get(second, timeout=30) == [1, 1]
+        assert ray.get(third, timeout=30) == [3, 3]
+        assert not compiled._results, "nothing of the failed execution stays buffered"
 
 
 # --------------------------------------------------------------------------- asyncio
