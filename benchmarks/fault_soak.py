@@ -3,8 +3,9 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fault_soak.py --trials 200 --seed 1
     make soak
 
-Each trial builds a random DAG (``soak_dag.py``: chains, fan-in, fan-out, ints, dicts,
-tuples, small and large numpy arrays) over fresh actors on one local Ray cluster,
+Each trial builds a random DAG (``soak_dag.py``: chains, fan-in, fan-out, pass-through
+stages, ints, dicts, tuples, small and large numpy arrays) over fresh actors on one local
+Ray cluster,
 compiles it with ``cgraph.compile``, runs a few executions checking every value, and
 injects one fault at a random execution (``soak_run.py``):
 
@@ -18,11 +19,11 @@ injects one fault at a random execution (``soak_run.py``):
 The driver keeps up to three executions in flight, reads a later one first now and
 then (earlier results are buffered), drops a ref unread now and then, and sometimes
 tries a get with a zero or tiny timeout first (then retries). Then it checks: every
-get returned the right value or a typed cgraph error the fault
-explains, within its timeout plus slack (no hang); the survivors' next graph (fresh
-actors after driver_exit) works; and nothing of cgraph is left (``soak_leaks.py``:
-/dev/shm segments, processes, listening sockets), after the trial's actors are killed.
-Prints a table and writes ``--out``.json and .md.
+get returned the right value or a typed cgraph error the fault explains, within its
+timeout plus slack (no hang); the survivors' next graph (fresh actors after
+driver_exit) works; and nothing of cgraph is left (``soak_leaks.py``: /dev/shm
+segments, processes, listening sockets) once the trial's actors are killed. Prints a
+table (``soak_report.py``) and writes ``--out``.json and .md.
 """
 
 from __future__ import annotations
@@ -39,58 +40,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import configure_environment, host_info, log, markdown_table  # noqa: E402
+from common import configure_environment, host_info, log  # noqa: E402
 
 configure_environment()
 
 import ray  # noqa: E402
 from soak_dag import SoakWorker, build, random_dag  # noqa: E402
 from soak_leaks import cgraph_segments, identify, leaks, snapshot, still_running  # noqa: E402
-from soak_run import SLACK_S, Hang, Injector, Outcome, Plan, guarded, run_executions  # noqa: E402
+from soak_report import FAULTS, TrialLog, report_markdown, summarize  # noqa: E402
+from soak_run import SLACK_S, Hang, Injector, Plan, guarded, run_executions  # noqa: E402
 
 import cgraph  # noqa: E402
 
-FAULTS = ("kill9", "sigstop", "user_exception", "slow_consumer", "teardown", "driver_exit")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "fault_soak"
 CHILD_LIMIT_S = 120.0  # a child driver's whole life
 EXIT_WAIT_S = 30.0  # for killed actors' processes to be gone
-
-
-class TrialLog:
-    """What one trial saw; ``problems`` feed the hangs / wrong / leaks columns."""
-
-    def __init__(self, index: int, fault: str, seed: int) -> None:
-        self.index, self.fault, self.seed = index, fault, seed
-        self.record: dict[str, Any] = {"trial": index, "fault": fault, "seed": seed}
-        self.hangs: list[str] = []
-        self.wrong: list[str] = []
-        self.leaks: list[str] = []
-        self.outcomes: list[Outcome] = []
-        self.notes: list[str] = []
-
-    def add_outcomes(self, what: str, outcomes: list[Outcome]) -> None:
-        self.outcomes += outcomes
-        for o in outcomes:
-            if o.verdict == "hang":
-                self.hangs.append(f"{what} execution {o.execution}: {o.what}")
-            elif o.verdict == "wrong":
-                self.wrong.append(f"{what} execution {o.execution}: {o.what}")
-
-    def add_notes(self, notes: list[str]) -> None:
-        for note in notes:
-            if note.startswith("hang:"):
-                self.hangs.append(note)
-            elif note.startswith("wrong:"):
-                self.wrong.append(note)
-            else:
-                self.notes.append(note)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.record, "hangs": self.hangs, "wrong": self.wrong, "leaks": self.leaks,
-                "notes": self.notes,
-                "outcomes": [f"{o.execution}:{o.verdict}:{o.what}" + (f" (+{o.timeouts} timeouts)"
-                                                                       if o.timeouts else "")
-                             for o in self.outcomes]}
 
 
 # ------------------------------------------------------------------ actors
@@ -340,71 +304,6 @@ def fault_schedule(trials: int, seed: int) -> list[str]:
     return kinds
 
 
-def summarize(logs: list[TrialLog]) -> dict[str, Any]:
-    rows: dict[str, dict[str, int]] = {}
-    for log_ in logs:
-        row = rows.setdefault(log_.fault, {key: 0 for key in (
-            "trials", "right", "typed_errors", "dropped", "not_submitted", "timeouts_retried",
-            "hangs", "wrong", "leaks", "next_graph_ok", "dead_driver_segments")})
-        row["trials"] += 1
-        row["right"] += sum(o.verdict == "ok" and o.what != "dropped" for o in log_.outcomes)
-        row["dropped"] += sum(o.what == "dropped" for o in log_.outcomes)
-        row["not_submitted"] += sum(o.verdict == "skipped" for o in log_.outcomes)
-        row["typed_errors"] += sum(o.verdict == "error" for o in log_.outcomes)
-        row["timeouts_retried"] += sum(o.timeouts for o in log_.outcomes)
-        row["hangs"] += len(log_.hangs)
-        row["wrong"] += len(log_.wrong)
-        row["leaks"] += len(log_.leaks)
-        row["next_graph_ok"] += log_.record.get("next_graph") == "ok"
-        row["dead_driver_segments"] += log_.record.get("dead_driver_segments", 0)
-        latencies = [o.after_fault_s for o in log_.outcomes if o.after_fault_s is not None]
-        row["max_error_s"] = max([row.get("max_error_s", 0.0), *latencies])
-    total = {key: sum(r[key] for r in rows.values()) for key in next(iter(rows.values()), {})}
-    total["max_error_s"] = max((r["max_error_s"] for r in rows.values()), default=0.0)
-    return {"by_fault": {f: rows[f] for f in FAULTS if f in rows}, "total": total}
-
-
-COLUMNS = ("trials", "right", "typed_errors", "max_error_s", "dropped", "not_submitted",
-           "timeouts_retried", "hangs", "wrong", "leaks", "next_graph_ok")
-
-
-def table(summary: dict[str, Any]) -> str:
-    rows = [[fault, *(row[c] for c in COLUMNS)] for fault, row in summary["by_fault"].items()]
-    rows.append(["**all**", *(f"**{summary['total'].get(c, 0)}**" for c in COLUMNS)])
-    return markdown_table(["fault", *COLUMNS], rows)
-
-
-def report(logs: list[TrialLog], args: argparse.Namespace, seconds: float) -> str:
-    summary = summarize(logs)
-    problems = [f"- trial {lg.index} ({lg.fault}): {kind}: {text}" for lg in logs
-                for kind, items in (("hang", lg.hangs), ("wrong", lg.wrong), ("leak", lg.leaks))
-                for text in items]
-    dead = summary["by_fault"].get("driver_exit", {}).get("dead_driver_segments", 0)
-    lines = [
-        "# Fault soak", "",
-        f"`{' '.join(['fault_soak.py', *sys.argv[1:]])}`: {len(logs)} trials in {seconds / 60:.1f} min, "
-        f"get timeout {args.timeout:g} s (+{SLACK_S:g} s slack), seed {args.seed}.", "",
-        table(summary), "",
-        "- Per execution of the faulted graphs: right: the right value (or the armed "
-        "exception, as cgraph.TaskError that is also a ValueError); typed_errors: "
-        "ActorDiedError / ChannelClosedError after a kill, GraphTornDownError after a "
-        "teardown; max_error_s: the longest such an error took to come after its fault hit; "
-        "dropped: its ref deleted unread (the graph reads it away); not_submitted: after "
-        "execute() raised; timeouts_retried: cgraph.TimeoutError raised (short first tries, "
-        "SIGSTOP, slow consumers) and the get retried.",
-        "- hangs: a call past its timeout + slack, or still timing out after the fault ended; "
-        "wrong: a wrong value, an untyped error, an error the fault does not explain; "
-        "leaks: cgraph segments in /dev/shm, actor or other processes, listening sockets "
-        "left after the trial (its actors killed); next_graph_ok: the survivors' next graph "
-        "ran three executions right.",
-        f"- driver_exit: the dead drivers left {dead} segment(s) in /dev/shm, all removed by "
-        "the next compile (os._exit skips every handler; cgraph removes segments of dead "
-        "creators at compile), so none is counted as a leak unless it outlived that compile.",
-        "", "## Problems", "", *(problems or ["none"]),
-    ]
-    return "\n".join(lines)
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=200)
@@ -439,7 +338,8 @@ def main() -> None:
     finally:
         ray.shutdown()
     seconds = time.monotonic() - start
-    text = report(logs, args, seconds)
+    command = " ".join(["fault_soak.py", *sys.argv[1:]])
+    text = report_markdown(logs, command, seconds, args.timeout, SLACK_S, args.seed)
     print(text)
     results = {"benchmark": "fault_soak", "args": {k: str(v) for k, v in vars(args).items()},
                "host": host_info(), "seconds": round(seconds, 1), "summary": summarize(logs),

@@ -191,10 +191,21 @@ def forward(data: dict[str, Any]) -> str:
                    f"{num(run['ray_cgraph']['median_ms'])} ms; medians.")
 
 
+def soak(data: dict[str, Any]) -> str:
+    total, minutes = data["summary"]["total"], data["seconds"] / 60
+    faults = ", ".join(data["summary"]["by_fault"])
+    return heading("Fault soak", "fault_soak.py", "fault_soak.md",
+                   f"{total['trials']} random DAGs over 2-5 actors, one fault each ({faults}), "
+                   f"{minutes:.0f} min: {total['hangs']} hangs, {total['wrong']} wrong results, "
+                   f"{total['leaks']} leaks; the survivors' next graph ran right in "
+                   f"{total['next_graph_ok']} of {total['trials']}; every typed error came within "
+                   f"{total['max_error_s']:.2f} s of its fault.")
+
+
 AREAS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("runtime.json", runtime), ("collective.json", collective), ("overlap.json", overlap),
     ("crossnode.json", crossnode), ("forward.json", forward), ("scheduler.json", scheduler),
-    ("channels.json", channels),
+    ("channels.json", channels), ("fault_soak.json", soak),
 )
 
 
