@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from common import CallTimeout, call_with_timeout
 from soak_dag import FAILED, DagSpec, expected, make_input, same
 
 import cgraph
@@ -55,22 +56,10 @@ class Hang(Exception):  # noqa: N818 - the watchdog's verdict
 
 def guarded(fn: Any, seconds: float, what: str) -> Any:
     """``fn()`` in a daemon thread; raises ``Hang`` when it has not returned in ``seconds``."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=f"soak-{what}", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        raise Hang(f"{what} did not return within {seconds:.1f}s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    try:
+        return call_with_timeout(fn, seconds, what)
+    except CallTimeout as exc:
+        raise Hang(str(exc)) from None
 
 
 @dataclass
