@@ -186,14 +186,14 @@ class GroupFaults:
                     reader.detach()
             except ChannelClosedError:
                 pass
-            posted = _quietly(group.board.first) if group.board is not None else None
+            posted = quietly(group.board.first) if group.board is not None else None
             if posted is not None:
                 self.learn(name, posted[0])
                 if posted[1] is not None:
                     self.origins.setdefault(name, posted[1])
             self.failures.setdefault(name, GroupFailure(self.execution(), self.label, ""))
             event.set()  # before the abort: a call it fails finds the group aborted
-            _quietly(comm.abort)
+            quietly(comm.abort)
 
         threading.Thread(target=wait, name=f"cgraph-abort-{group.name}", daemon=True).start()
 
@@ -225,7 +225,7 @@ class GroupFaults:
                      "this graph (its later ops fail at once): recompile the graph to use it again")
         value = ErrorValue.capture(exc, actor=self.label, method=site.method, execution_index=site.execution)
         if group.board is not None:  # before spread() closes the control: the watchers read it then
-            _quietly(lambda: group.board.post(failure, value))
+            quietly(lambda: group.board.post(failure, value))
         return value
 
     def _cut_short(self, site: Site, exc: Exception) -> ErrorValue:
@@ -268,11 +268,11 @@ class GroupFaults:
             reader.close()
             reader.detach()
         else:
-            _quietly(comm.abort)
+            quietly(comm.abort)
 
 
-def _quietly(fn: Callable[[], Any]) -> Any:
-    """``fn()``, or None if it raised: the group is failing anyway (torn down, a board gone)."""
+def quietly(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or None if it raised: closing or failing anyway (teardown, a board gone)."""
     try:
         return fn()
     except Exception:  # noqa: BLE001

@@ -51,7 +51,7 @@ from typing import Any
 from cgraph.comm.streams import Body, InlineStreams, streams_of
 from cgraph.errors import CommunicatorError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, Failed, encode
-from cgraph.runtime.comm_faults import SETTLE_S, GroupFaults, Site
+from cgraph.runtime.comm_faults import SETTLE_S, GroupFaults, Site, quietly
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, open_group
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.recording import At, nbytes
@@ -146,9 +146,9 @@ class CommState:
         if self.thread is not None:
             self.thread.shutdown(wait=False, cancel_futures=True)
         for end in (*self.writers.values(), *self.readers.values()):
-            _quietly(end.detach)
+            quietly(end.detach)
         for comm in self.comms.values():
-            _quietly(comm.destroy)
+            quietly(comm.destroy)
 
 
 def last_link_reads(ops: tuple[Op, ...], program: CommProgram) -> set[tuple[str, str]]:
@@ -377,9 +377,3 @@ def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str |
                 f"must be a multiple of the {comm.world_size} members")
     return None
 
-
-def _quietly(fn: Callable[[], Any]) -> None:
-    try:
-        fn()
-    except Exception:  # noqa: BLE001 - closing; the loop is ending anyway
-        pass

@@ -196,7 +196,8 @@ class _Run:
             self.left -= 1
 
 
-_BLOCKING = frozenset({OpKind.READ, OpKind.SEND, OpKind.RECV, OpKind.COLLECTIVE})
+BLOCKING = frozenset({OpKind.READ, OpKind.SEND, OpKind.RECV, OpKind.COLLECTIVE})
+"""Ops that may wait inside their own span (a recorded one starts early and blocks)."""
 
 
 def _track(op: Op) -> str:
@@ -261,7 +262,7 @@ def critical_path(schedule: Schedule, times: Mapping[str, tuple[float, float]], 
         path.append(op_key(op))
         # a READ, pair or collective may have started early and waited inside: what it
         # waited for ended before it did
-        bound = end(place)[0] if op.kind in _BLOCKING else known[place][0]
+        bound = end(place)[0] if op.kind in BLOCKING else known[place][0]
         before = [dep for p in group(place) for dep in (*run.after[p], *_resource_before(run, p))]
         place = max((dep for dep in before if dep in known and end(dep)[0] <= bound + slack), key=end, default=None)
     return path[::-1]

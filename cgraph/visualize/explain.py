@@ -22,13 +22,19 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from cgraph.errors import GraphSyntaxError
-from cgraph.scheduler.ops import OpKind, parse_op
+from cgraph.scheduler.ops import parse_op
 from cgraph.scheduler.overlap import overlap
 from cgraph.scheduler.pipeline import Planned
-from cgraph.scheduler.simulate import Machine, compute_reads, critical_path, op_key, simulate
+from cgraph.scheduler.simulate import (
+    BLOCKING,
+    Machine,
+    compute_reads,
+    critical_path,
+    op_key,
+    simulate,
+)
 from cgraph.visualize.trace import Summary, Track, summarize
 
-_BLOCKING = frozenset({OpKind.READ, OpKind.SEND, OpKind.RECV, OpKind.COLLECTIVE})
 MODES = ("without overlap", "with overlap")
 
 
@@ -121,7 +127,7 @@ def durations(tracks: Iterable[Track]) -> dict[str, float]:
     for actor, key, _, start, end in _events(tracks):
         if actor != "driver":
             samples.setdefault(key, []).append(end - start)
-    return {key: (min(values) if parse_op(key).kind in _BLOCKING else statistics.median(values))
+    return {key: (min(values) if parse_op(key).kind in BLOCKING else statistics.median(values))
             for key, values in samples.items()}
 
 

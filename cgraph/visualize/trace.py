@@ -26,14 +26,13 @@ from typing import Any
 
 from cgraph.errors import GraphSyntaxError
 from cgraph.ir.graph import Const, Graph, NodeKind
-from cgraph.scheduler.ops import Op, OpKind, parse_op
+from cgraph.scheduler.ops import COMM_KINDS, Op, OpKind, parse_op
 
 Track = tuple[str, str, Sequence[tuple[Any, ...]], int, int]
 """(actor, label, events, offset_ns, uncertainty_ns); ``actor`` "driver" for the driver."""
 
 THREADS = {"driver": 0, "loop": 1, "comm": 2, "collective": 3}
 """Tracks, in drawing order: "collective" holds the collective library's calls made inside methods."""
-COMM_OPS = frozenset({OpKind.SEND, OpKind.RECV, OpKind.COLLECTIVE})
 
 
 def recorded_op(text: str) -> Op | None:
@@ -141,7 +140,7 @@ def summarize(tracks: Iterable[Track]) -> dict[str, Summary]:
             continue
         ops = [(recorded_op(text), thread, start, end) for text, thread, _, start, end, *_ in events]
         compute = [(s, e) for op, thread, s, e in ops if op is not None and op.kind is OpKind.COMPUTE]
-        comm = [(s, e) for op, _, s, e in ops if op is not None and op.kind in COMM_OPS]
+        comm = [(s, e) for op, _, s, e in ops if op is not None and op.kind in COMM_KINDS]
         on_comm_thread = [(s, e) for op, thread, s, e in ops if thread == "comm"]
         span = max(event[4] for event in events) - min(event[3] for event in events)
         out[label] = Summary(
