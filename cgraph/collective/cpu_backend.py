@@ -20,28 +20,45 @@ converts torch and cupy tensors).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from cgraph.collective import autotune
+from cgraph.collective import autotune, cpu_layout
 from cgraph.collective.backends import Hooks
+from cgraph.collective.cpu_layout import Links
 from cgraph.comm import algorithms, cost_model
 from cgraph.comm.algorithms.partition import Bounds
 from cgraph.comm.cost_model import CostParams
 from cgraph.comm.framed_transport import FramedTransport
 from cgraph.comm.teams import Team, TeamTransport
-from cgraph.comm.transport import Transport
+from cgraph.comm.transport import Transport, node_layout
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
 
 class _Mesh:
-    """What a group and its teams share: the links, the hooks, and why it was aborted."""
+    """What a group and its teams share: the links, the hooks, and why it was aborted.
 
-    def __init__(self, links: FramedTransport, hooks: Hooks) -> None:
-        self.links, self.hooks = links, hooks
+    The links are settled on first use (``cpu_layout.settle``: where every rank
+    sits decides which pairs share memory), so joining never waits for peers.
+    """
+
+    def __init__(self, settle: Callable[[], Links], hooks: Hooks) -> None:
+        self._settle, self.hooks = settle, hooks
+        self._links: Links | None = None
         self.aborted: str | None = None
+
+    @property
+    def links(self) -> FramedTransport:
+        if self._links is None:
+            self._links = self._settle()
+        return self._links.transport
+
+    @property
+    def settled(self) -> Links | None:
+        return self._links
 
     def abort(self, reason: str) -> None:
         if self.aborted is not None:
@@ -49,7 +66,8 @@ class _Mesh:
         self.aborted = reason
         with contextlib.suppress(Exception):  # best effort: the store may be gone
             self.hooks.report_abort(reason)
-        self.links.close()
+        if self._links is not None:
+            self._links.transport.close()
 
     def check(self, rank: int) -> None:
         if self.aborted is not None:
@@ -65,15 +83,24 @@ class _Mesh:
 class CpuComm:
     """One rank's side of a cpu group or team (the backend's ``GroupComm``)."""
 
-    def __init__(self, mesh: _Mesh, transport: Transport, context: str) -> None:
-        self._mesh, self._t, self._context = mesh, transport, context
-        self.rank, self.world_size = transport.rank, transport.world_size
-        self.nodes: tuple[Hashable, ...] = tuple(
-            transport.node_of(r) for r in range(transport.world_size)
-        )
+    def __init__(self, mesh: _Mesh, transport: Transport | None, context: str, rank: int,
+                 world_size: int) -> None:
+        self._mesh, self._team_t, self._context = mesh, transport, context
+        self.rank, self.world_size = rank, world_size
         self.calibration: autotune.Calibration | None = None
         self._tuned = False
         self._arms: dict[int, autotune.Arm] | None = {}  # size class -> its arm; None: model only
+
+    @property
+    def _t(self) -> Transport:
+        """A team's transport, or the group's links (settled on first use)."""
+        return self._mesh.links if self._team_t is None else self._team_t
+
+    @property
+    def nodes(self) -> tuple[Hashable, ...]:
+        """The Ray node of every rank (waits, on first use, until every rank has joined)."""
+        with self._call("settling the node layout"):
+            return node_layout(self._t)
 
     # ------------------------------------------------------------------ calls
     def allreduce(self, arr: np.ndarray, op: ReduceOp, algorithm: str) -> None:
@@ -103,21 +130,40 @@ class CpuComm:
         with self._call(f"broadcast {_desc(arr)} from {src}"):
             algorithms.broadcast(self._t, arr, root=src)
 
-    def allgather(self, outs: Sequence[np.ndarray], arr: np.ndarray) -> None:
+    def allgather(self, outs: Sequence[np.ndarray], arr: np.ndarray, algorithm: str = "auto") -> None:
         n, p = arr.size, self.world_size
+        name = self._gather_scatter("allgather", algorithm)
         whole = np.empty(n * p, dtype=arr.dtype)
         whole[self.rank * n : (self.rank + 1) * n] = arr.reshape(-1)
-        with self._call(f"allgather {_desc(arr)}"):
-            algorithms.allgather(self._t, whole, _even(n, p))
+        with self._call(f"allgather {_desc(arr)} {name}"):
+            algorithms.allgather(self._t, whole, _even(n, p), algorithm=name)
         for r, out in enumerate(outs):
             out.reshape(-1)[:] = whole[r * n : (r + 1) * n]
 
-    def reducescatter(self, out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp) -> None:
+    def reducescatter(self, out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp,
+                      algorithm: str = "auto") -> None:
         n = out.size
+        name = self._gather_scatter("reducescatter", algorithm)
         whole = np.concatenate([part.reshape(-1) for part in parts]).astype(out.dtype, copy=False)
-        with self._call(f"reducescatter {_desc(out)} {op.value}"):
-            mine = algorithms.reducescatter(self._t, whole, op, _even(n, self.world_size))
+        with self._call(f"reducescatter {_desc(out)} {op.value} {name}"):
+            mine = algorithms.reducescatter(self._t, whole, op, _even(n, self.world_size), algorithm=name)
         out.reshape(-1)[:] = mine
+
+    def _gather_scatter(self, kind: str, algorithm: str) -> str:
+        """``algorithm`` for a reducescatter/allgather; "auto": two levels where there are two.
+
+        The hierarchical one sends 1/L of the ring's bytes between nodes in m-1
+        steps instead of p-1 (``cost_model.collective_terms``); on one node it is the
+        ring itself, so "auto" needs no measurement to choose.
+        """
+        table = (algorithms.REDUCESCATTER_ALGORITHMS if kind == "reducescatter"
+                 else algorithms.ALLGATHER_ALGORITHMS)
+        if algorithm == "auto":
+            return "hierarchical" if len(set(self.nodes)) > 1 else "ring"
+        if algorithm not in table:
+            raise ValueError(f"unknown {kind} algorithm {algorithm!r}; choose 'auto' or one of "
+                             f"{sorted(table)}")
+        return algorithm
 
     def send(self, arr: np.ndarray, dst: int) -> None:
         with self._call(f"p2p {_desc(arr)}"):
@@ -183,19 +229,25 @@ class CpuComm:
     # ------------------------------------------------------------------ teams, lifetime
     def split(self, team: Team) -> CpuComm:
         context = f"{self._context}[{','.join(map(str, team.ranks))}]"
-        child = CpuComm(self._mesh, TeamTransport(self._t, team), context)
+        with self._call(f"split {context}"):
+            parent = self._t
+        child = CpuComm(self._mesh, TeamTransport(parent, team), context, team.team_rank(self.rank),
+                        team.size)
         if team.size == self.world_size:  # same ranks, same links: same calibration
             child.calibration, child._tuned = self.calibration, self._tuned
         return child
 
     def destroy(self) -> None:
-        """Drop this rank's mappings of the links (a team's destroy is a no-op)."""
-        if self._t is self._mesh.links:
-            self._mesh.links.detach()
+        """Drop this rank's mappings of the links, unlinking those it made (a team's: a no-op)."""
+        settled = self._mesh.settled
+        if self._team_t is None and settled is not None:
+            settled.release()
 
     def unlink(self) -> None:
         """Remove this rank's links from /dev/shm (when the store is gone)."""
-        self._mesh.links.unlink()
+        settled = self._mesh.settled
+        if settled is not None:
+            settled.transport.unlink()
 
     @contextlib.contextmanager
     def _call(self, signature: str) -> Iterator[None]:
@@ -221,12 +273,12 @@ class CpuComm:
         return type(exc)(f"{exc}; {why}", exc.group, exc.rank)
 
 
-def connect(membership: object, hooks: Hooks) -> CpuComm:
-    """This rank's ``CpuComm`` from its store ``Membership`` (cpu backend)."""
-    spec = membership.spec  # type: ignore[attr-defined]
-    nodes = (membership.node,) * spec.world_size  # type: ignore[attr-defined]
-    links = FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s)  # type: ignore[attr-defined]
-    return CpuComm(_Mesh(links, hooks), links, spec.name)
+def connect(membership: Any, hooks: Hooks) -> CpuComm:
+    """This rank's ``CpuComm`` from its store ``Membership`` (cpu backend); never waits for peers."""
+    spec = membership.spec
+    cpu_layout.announce(membership, hooks.node)
+    mesh = _Mesh(lambda: cpu_layout.settle(membership, hooks.node), hooks)
+    return CpuComm(mesh, None, spec.name, membership.rank, spec.world_size)
 
 
 def _size_class(nbytes: int) -> int:

@@ -9,8 +9,8 @@ any rank of ``init_collective_group``, or the driver's
     init_collective_group(4, r, "cpu", "g")    (num_cpus=0, on the first caller's node)
       store = get or create  ───────────────►  spec: world size, backend, timeout
       reply = join(r, node, pid)  ──────────►  cpu:  first join makes the shm link
-                                               mesh (create_links); each rank gets
-                                               its LinkEnds
+                                               mesh (create_links); each rank on
+                                               this node gets its LinkEnds
                                                gloo/nccl: each rank gets this actor's
                                                handle; torch's rendezvous keys live
                                                here (a KVStore, ``ray_store``)
@@ -33,8 +33,10 @@ calls only. The store is an async actor because of its ``kv_`` methods, which
 wait without a thread; its own methods below are quick and synchronous, so they
 run one at a time on the actor's event loop, as before.
 
-The "cpu" backend needs every rank on the store's node (its links are files
-in that node's /dev/shm); a rank elsewhere gets an error saying to use "gloo".
+The "cpu" backend's links are files in a node's /dev/shm: a rank on the
+store's node gets its ends of the store's mesh; where the ranks turn out to
+span nodes, ``cpu_layout`` makes one mesh per node and gloo links between
+nodes, on the first call.
 """
 
 from __future__ import annotations
@@ -93,8 +95,8 @@ class Membership:
     rank: int
     node: str
     nonce: str
-    ends: Any = None  # cpu: this rank's LinkEnds
-    store: Any = None  # gloo / nccl: the store actor's handle (its keys: ray_store.RayStore)
+    ends: Any = None  # cpu, on the store's node: this rank's ends of the store's mesh
+    store: Any = None  # the store actor's handle (its keys: ray_store.RayStore, cpu_layout)
 
 
 @dataclass
@@ -141,7 +143,7 @@ class GroupStore(KVStore):
             return Reply(error=problem)
         self._state.joined[rank] = f"pid {os.getpid()}@{node[:8]}"
         try:
-            return Reply(self._connect_info(rank))
+            return Reply(self._connect_info(rank, node))
         except Exception as exc:  # noqa: BLE001 - reported to the caller as a group error
             return Reply(error=f"group {self._spec.name!r}: setting up the {backend} backend "
                          f"failed in the store actor: {type(exc).__name__}: {exc}")
@@ -192,23 +194,19 @@ class GroupStore(KVStore):
             how = "left it" if rank in self._state.left else f"holds it ({self._state.joined[rank]})"
             return (f"rank {rank} of group {name!r} is taken: another process {how}. Give each "
                     "process its own rank; to re-create the group, destroy it on every member first.")
-        if backend == "cpu" and node != self._node:
-            return (f"group {name!r} uses the 'cpu' backend (shared memory), so every rank must "
-                    f"run on one Ray node: the group lives on node {self._node[:8]}, rank {rank} "
-                    f"is on node {node[:8]}. Use backend='gloo' across nodes.")
         return None
 
-    def _connect_info(self, rank: int) -> Membership:
+    def _connect_info(self, rank: int, node: str) -> Membership:
         spec, state = self._spec, self._state
-        if spec.backend == "cpu":
+        # the ranks reach this actor's keys by Ray calls: no port to open, none to find
+        me = ray.get_runtime_context().current_actor
+        if spec.backend == "cpu" and node == self._node:
             if not state.ends:
                 from cgraph.comm.cpu_mesh import create_links
 
                 tag = f"{SHM_TAG_PREFIX}{spec.name}.{self._nonce}"
                 state.channels, state.ends = create_links(tag, "link", spec.world_size)
-            return Membership(spec, rank, self._node, self._nonce, ends=state.ends[rank])
-        # the ranks reach this actor's keys by Ray calls: no port to open, none to find
-        me = ray.get_runtime_context().current_actor
+            return Membership(spec, rank, self._node, self._nonce, ends=state.ends[rank], store=me)
         return Membership(spec, rank, self._node, self._nonce, store=me)
 
 

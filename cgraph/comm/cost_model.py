@@ -1,4 +1,4 @@
-"""The alpha-beta-gamma cost model of the allreduce algorithms (seed 003).
+"""The alpha-beta-gamma cost model of the collective algorithms (seed 003).
 
 A message of b bytes costs ``alpha + b * beta`` and reducing b bytes costs
 ``b * gamma``. Each algorithm's time is linear in the three parameters,
@@ -50,10 +50,27 @@ samples have inter-node terms (several layouts).
 and gamma can only be told apart if some samples reduce a different share of
 the bytes they move (butterfly moves as many bytes as it reduces, the others
 twice as many), which ``sample`` ensures by timing every algorithm.
+
+Reduce-scatter and all-gather, an allreduce's halves (``collective_terms``, n the
+whole buffer): steps, moved, reduced; a level over k ranks sends k-1 times n/k:
+
+    reducescatter ring           p-1           (p-1) n/p              (p-1) n/p
+    reducescatter hierarchical   L-1 + m-1     (L-1) n/L + (m-1) n/p  (p-1) n/p
+    allgather ring, hierarchical as above                             0
+
+where hierarchical sends only the m-1 and (m-1)/p n across nodes (its local
+staging copy is not counted). ``slice_bytes`` credits the overlap those rows do
+not (links that work at once, as under NCCL): in S slices, one slice's four
+stages take t_k each (alphas in full, bytes / S); the first slice fills the
+pipeline, each later one adds the slowest stage (or a depth-th of a slice), so
+more slices hide more bytes but pay every alpha again:
+
+    T(S) = sum t_k + (S - 1) * max(max t_k, sum t_k / depth)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -115,6 +132,10 @@ class Terms:
     def time(self, params: CostParams) -> float:
         return sum(self.parts(params))
 
+    def __add__(self, other: Terms) -> Terms:
+        """The terms of running ``self`` then ``other``."""
+        return Terms(*np.add(dataclasses.astuple(self), dataclasses.astuple(other)).tolist())
+
     def dominant(self, params: CostParams) -> str:
         """The name of the largest part (``TERM_NAMES``)."""
         parts = self.parts(params)
@@ -163,14 +184,38 @@ def _butterfly(p: int, n: int, rpn: int) -> Terms:
 
 def _ring(p: int, n: int, rpn: int) -> Terms:
     s = max(1, math.ceil(n / (p * ring.SLICE_BYTES)))
-    return _across(Terms(2 * (p - 1) * s, 2 * (p - 1) * n / p, (p - 1) * n / p), _nodes(p, rpn))
+    return _sliced(_ring_half(p, n, rpn, True) + _ring_half(p, n, rpn, False), s)
 
 
 def _reduction_server(p: int, n: int, rpn: int) -> Terms:
-    local, nodes = rpn, _nodes(p, rpn)
     s = max(1, math.ceil(n / reduction_server.SLICE_BYTES))
-    intra, inter = (local - 1) * n / local, (nodes - 1) * n / (local * nodes)
-    return Terms(2 * (local - 1) * s, 2 * intra, intra + inter, 2 * (nodes - 1) * s, 2 * inter)
+    return _sliced(_hierarchical_half(p, n, rpn, True) + _hierarchical_half(p, n, rpn, False), s)
+
+
+def _level(k: int, n: float, reduces: bool, inter: bool = False) -> Terms:
+    """A reduce-scatter (``reduces``) or all-gather over k ranks: k-1 messages of n/k."""
+    share = (k - 1) * n / k
+    folded = share if reduces else 0.0
+    return Terms(0, 0, folded, k - 1, share) if inter else Terms(k - 1, share, folded)
+
+
+def _two_levels(p: int, n: float, rpn: int, reduces: bool) -> tuple[Terms, Terms]:
+    """The intra-node level (L ranks, n bytes) and the rails' (m ranks, n/L bytes)."""
+    return _level(rpn, n, reduces), _level(_nodes(p, rpn), n / rpn, reduces, inter=True)
+
+
+def _ring_half(p: int, n: int, rpn: int, reduces: bool) -> Terms:
+    """A ring reduce-scatter (``reduces``) or all-gather: one level, in lock step."""
+    return _across(_level(p, n, reduces), _nodes(p, rpn))
+
+
+def _hierarchical_half(p: int, n: int, rpn: int, reduces: bool) -> Terms:
+    return sum(_two_levels(p, n, rpn, reduces), Terms(0, 0, 0))
+
+
+def _sliced(t: Terms, slices: int) -> Terms:
+    """``t`` run as ``slices`` slices: every latency paid per slice, the bytes once."""
+    return dataclasses.replace(t, steps=t.steps * slices, steps_inter=t.steps_inter * slices)
 
 
 def _across(t: Terms, nodes: int) -> Terms:
@@ -189,32 +234,84 @@ COST: dict[str, Callable[[int, int, int], Terms]] = {
 }
 """The terms of each algorithm in ``ALGORITHMS`` (a test checks every one has a row)."""
 
+COLLECTIVE_COST: dict[str, dict[str, Callable[[int, int, int], Terms]]] = {"allreduce": COST} | {
+    kind: {"ring": functools.partial(_ring_half, reduces=reduces),
+           "hierarchical": functools.partial(_hierarchical_half, reduces=reduces)}
+    for kind, reduces in (("reducescatter", True), ("allgather", False))
+}
+"""Each kind's rows, named as in its registry (``REDUCESCATTER_ALGORITHMS``, ...)."""
+
 
 def terms(algorithm: str, world_size: int, nbytes: int, ranks_per_node: int | None = None) -> Terms:
-    """The alpha, beta and gamma coefficients of ``algorithm`` (see the module table).
+    """``collective_terms`` of the allreduce ``algorithm``: its alpha, beta, gamma coefficients."""
+    return collective_terms("allreduce", algorithm, world_size, nbytes, ranks_per_node)
+
+
+def collective_terms(
+    kind: str, algorithm: str, world_size: int, nbytes: int, ranks_per_node: int | None = None
+) -> Terms:
+    """The coefficients of ``algorithm`` for a ``kind`` collective of ``nbytes`` (the whole
+    buffer) over ``world_size`` ranks, ``ranks_per_node`` to a node (module tables).
 
     Raises:
-        ValueError: unknown algorithm or a world size below 1.
+        ValueError: unknown kind or algorithm, or a world size below 1.
     """
-    if algorithm not in COST:
-        raise ValueError(f"no cost formula for {algorithm!r}; known: {sorted(COST)}")
+    if kind not in COLLECTIVE_COST:
+        raise ValueError(f"no cost formulas for {kind!r}; known: {sorted(COLLECTIVE_COST)}")
+    table = COLLECTIVE_COST[kind]
+    if algorithm not in table:
+        raise ValueError(f"no cost formula for {algorithm!r} ({kind}); known: {sorted(table)}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     if world_size == 1 or nbytes == 0:
         return Terms(0, 0, 0)
     rpn = min(world_size, ranks_per_node or world_size)
-    return COST[algorithm](world_size, nbytes, rpn)
+    return table[algorithm](world_size, nbytes, rpn)
 
 
 def predict(
-    algorithm: str,
-    world_size: int,
-    nbytes: int,
-    params: CostParams,
+    algorithm: str, world_size: int, nbytes: int, params: CostParams,
     ranks_per_node: int | None = None,
 ) -> float:
     """Predicted seconds of one allreduce of ``nbytes`` over ``world_size`` ranks."""
     return terms(algorithm, world_size, nbytes, ranks_per_node).time(params)
+
+
+def predict_collective(kind: str, algorithm: str, world_size: int, nbytes: int,
+                       params: CostParams, ranks_per_node: int | None = None) -> float:
+    """Predicted seconds of one ``kind`` collective (``COLLECTIVE_COST``) of ``nbytes``."""
+    return collective_terms(kind, algorithm, world_size, nbytes, ranks_per_node).time(params)
+
+
+SLICE_CHOICES = tuple(1 << k for k in range(18, 25))
+"""The slice sizes ``slice_bytes`` weighs: the powers of two from 256 KiB to 16 MiB."""
+
+
+def pipelined_time(stages: Sequence[Terms], slices: int, params: CostParams, depth: int) -> float:
+    """``T(S)`` of the module docstring, ``stages`` being one slice's, S = ``slices``."""
+    times = [t.time(params) for t in stages]
+    return sum(times) + (slices - 1) * max(max(times), sum(times) / max(1, depth))
+
+
+def slice_bytes(
+    world_size: int, nbytes: int, params: CostParams, ranks_per_node: int | None = None,
+    name: str = "reduction_server", depth: int = reduction_server.DEPTH,
+) -> int:
+    """The size in ``SLICE_CHOICES`` with the lowest ``pipelined_time`` of ``name``'s stages
+    (the smallest on ties: less staging), for ``allreduce(..., name, slice_bytes=)``.
+
+    Raises:
+        ValueError: ``name`` is not the reduction server (the one pipelined model).
+    """
+    if name != "reduction_server":
+        raise ValueError(f"slice_bytes models the 'reduction_server' pipeline, not {name!r}")
+    rpn = min(world_size, ranks_per_node or world_size)
+    times = []
+    for size in SLICE_CHOICES:
+        slices = max(1, math.ceil(nbytes / size))
+        rs, ag = (_two_levels(world_size, nbytes / slices, rpn, r) for r in (True, False))
+        times.append(pipelined_time((*rs, *ag[::-1]), slices, params, depth))  # STAGES order
+    return SLICE_CHOICES[times.index(min(times))]
 
 
 def candidates(ranks_per_node: int | None = None) -> tuple[str, ...]:

@@ -23,11 +23,20 @@ The tag travels in the same slot as the payload (pickle protocol 5 keeps the
 array out of band), so it costs no extra message or wake-up. Links are
 buffered (``LINK_SLOTS`` messages), so ``sendrecv`` is a send then a receive.
 One call at a time per mesh: the tag is set by ``calling(tag)`` around a call.
+
+A group that spans nodes has shared-memory ends only for the peers on this
+rank's node; every other peer is reached through ``remote``
+(``comm.remote_links``: a gloo process group), whose messages carry a
+fingerprint of the tag instead of the tag, and are just as buffered::
+
+    ends.out[j] is a link     j on this node: the shared-memory link
+    ends.out[j] is None       j on another node: remote.send(fingerprint, buf, j)
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Hashable, Iterator
 from typing import Any
 
@@ -35,6 +44,8 @@ import numpy as np
 
 from cgraph.channels.segments import unlink_channel
 from cgraph.comm.cpu_mesh import LinkEnds
+from cgraph.comm.remote_links import RemoteLinks
+from cgraph.comm.transport import describe_layout
 from cgraph.errors import (
     ChannelClosedError,
     ChannelTimeoutError,
@@ -57,10 +68,13 @@ class FramedTransport:
         group: the group name, for error messages.
         nodes: the node of every rank (``node_of``).
         timeout: seconds any single wait (a free slot, a message) may take.
+        remote: the links to the peers without a shared-memory end (``RemoteLinks``);
+            None when every peer shares this rank's node.
     """
 
     def __init__(
-        self, ends: LinkEnds, group: str, nodes: tuple[Hashable, ...], timeout: float
+        self, ends: LinkEnds, group: str, nodes: tuple[Hashable, ...], timeout: float,
+        remote: RemoteLinks | None = None,
     ) -> None:
         if len(nodes) != ends.world_size:
             raise ValueError(f"{len(nodes)} node ids for a group of {ends.world_size} ranks")
@@ -69,7 +83,9 @@ class FramedTransport:
         self._names = [h.name for h in (*ends.out, *ends.inp) if h is not None]
         self._out = [h.attach() if h is not None else None for h in ends.out]
         self._inp = [h.attach() if h is not None else None for h in ends.inp]
+        self._remote = remote
         self._tag: Tag = _IDLE
+        self._fingerprint = _fingerprint(_IDLE)
 
     @property
     def rank(self) -> int:
@@ -86,14 +102,22 @@ class FramedTransport:
     def calling(self, tag: Tag) -> Iterator[None]:
         """Stamp every message sent (and expect every message received) with ``tag``."""
         previous, self._tag = self._tag, tag
+        self._fingerprint = _fingerprint(tag)
         try:
             yield
+            if self._remote is not None:
+                with self._mapped("send to", -1):
+                    self._remote.flush()  # errors of this call's sends surface in it
         finally:
-            self._tag = previous
+            self._tag, self._fingerprint = previous, _fingerprint(previous)
 
     # ------------------------------------------------------------------ Transport
     def send(self, buf: np.ndarray, dst: int) -> None:
         writer = self._end(self._out, dst)
+        if writer is None:
+            with self._mapped("send to", dst):
+                self._remote.send(self._fingerprint, buf, dst)  # type: ignore[union-attr]
+            return
         try:
             writer.write((self._tag, buf), self.timeout)
         except ChannelTimeoutError:
@@ -103,6 +127,12 @@ class FramedTransport:
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         reader = self._end(self._inp, src)
+        if reader is None:
+            with self._mapped("receive from", src):
+                matched = self._remote.recv(self._fingerprint, buf, src)  # type: ignore[union-attr]
+            if not matched:
+                raise self._mismatch(src, "a message of another call, or of another size", "")
+            return
         try:
             tag, data = reader.read(self.timeout)
         except ChannelTimeoutError:
@@ -125,6 +155,8 @@ class FramedTransport:
         for end in (*self._out, *self._inp):
             if end is not None:
                 end.close()
+        if self._remote is not None:
+            self._remote.close()
 
     def detach(self) -> None:
         """Drop this process's mappings (the store actor unlinks the segments)."""
@@ -138,6 +170,16 @@ class FramedTransport:
             unlink_channel(name)
 
     # ------------------------------------------------------------------ internals
+    @contextlib.contextmanager
+    def _mapped(self, what: str, peer: int) -> Iterator[None]:
+        """The remote links' channel errors as the group's errors (as for a link)."""
+        try:
+            yield
+        except ChannelTimeoutError as exc:
+            raise self._timeout(what, peer, f" ({exc})") from None
+        except ChannelClosedError as exc:
+            raise self._closed(what, peer, f" ({exc})") from None
+
     def _end(self, ends: list[Any], peer: int) -> Any:
         if not 0 <= peer < self._size or peer == self._rank:
             raise CollectiveGroupError(
@@ -146,7 +188,7 @@ class FramedTransport:
                 self._group,
                 self._rank,
             )
-        return ends[peer]
+        return ends[peer]  # None: a peer on another node (``remote``)
 
     def _check(self, tag: Any, data: Any, buf: np.ndarray, src: int) -> None:
         mine = self._tag
@@ -154,9 +196,13 @@ class FramedTransport:
             return
         context, signature = tag if isinstance(tag, tuple) and len(tag) == 2 else ("?", repr(tag))
         where = "" if context == mine[0] else f" (context {context!r}, this rank is in {mine[0]!r})"
-        raise CollectiveMismatchError(
+        raise self._mismatch(src, f"a message of `{signature}`", where)
+
+    def _mismatch(self, src: int, what: str, where: str) -> CollectiveMismatchError:
+        mine = self._tag
+        return CollectiveMismatchError(
             f"group {self._group!r}, rank {self._rank} is in `{mine[1]}` but rank {src} sent "
-            f"a message of `{signature}`{where}. Every rank of a group (or team) must make "
+            f"{what}{where}. Every rank of a group (or team) must make "
             "the same calls in the same order, with tensors of the same dtype and shape "
             "and the same op, root and algorithm. The group is aborted: destroy it and "
             "create it again.",
@@ -164,22 +210,37 @@ class FramedTransport:
             self._rank,
         )
 
-    def _timeout(self, what: str, peer: int) -> CollectiveTimeoutError:
+    def _timeout(self, what: str, peer: int, detail: str = "") -> CollectiveTimeoutError:
         return CollectiveTimeoutError(
             f"group {self._group!r}, rank {self._rank}: `{self._tag[1]}` waited "
-            f"{self.timeout:g} s to {what} rank {peer}, which never arrived (it is "
-            "blocked elsewhere, dead, or issued different calls). Make every rank call "
+            f"{self.timeout:g} s to {what} {_peer(peer)}, which never arrived (it is "
+            f"blocked elsewhere, dead, or issued different calls){detail}. Make every rank call "
             "the same collectives, or raise timeout_s in init_collective_group / "
-            "declare_collective_group. The group is aborted.",
+            f"declare_collective_group. The group is aborted.{self._layout()}",
             self._group,
             self._rank,
         )
 
-    def _closed(self, what: str, peer: int) -> CollectiveGroupError:
+    def _closed(self, what: str, peer: int, detail: str = "") -> CollectiveGroupError:
         return CollectiveGroupError(
             f"group {self._group!r}, rank {self._rank}: `{self._tag[1]}` could not {what} "
-            f"rank {peer}: the link is closed (the group was aborted by a failure on "
-            "another rank, or destroyed)",
+            f"{_peer(peer)}: the link is closed (the group was aborted by a failure on "
+            f"another rank, or destroyed, or the peer died){detail}.{self._layout()}",
             self._group,
             self._rank,
         )
+
+    def _layout(self) -> str:
+        """Where the group spans nodes: which rank sits where (``describe_layout``)."""
+        if len(set(self._nodes)) < 2:
+            return ""
+        return f" This is {describe_layout(self._nodes, self._rank)}."
+
+
+def _peer(peer: int) -> str:
+    return "a peer" if peer < 0 else f"rank {peer}"
+
+
+def _fingerprint(tag: Tag) -> bytes:
+    """8 bytes naming a call, equal on every rank in it (what crosses nodes instead of the tag)."""
+    return hashlib.blake2b(repr(tag).encode(), digest_size=8).digest()

@@ -80,6 +80,15 @@ def node_layout(transport: Transport) -> tuple[Hashable, ...]:
     return tuple(transport.node_of(r) for r in range(transport.world_size))
 
 
+def describe_layout(nodes: Sequence[Hashable], rank: int) -> str:
+    """``rank 2 on node 9d1c04aa; ranks by node: 3f2a1b9c 0,1; 9d1c04aa 2,3``, for errors."""
+    by_node: dict[str, list[int]] = {}
+    for r, node in enumerate(nodes):
+        by_node.setdefault(str(node)[:8], []).append(r)
+    ranks = "; ".join(f"{node} {','.join(map(str, rs))}" for node, rs in by_node.items())
+    return f"rank {rank} on node {str(nodes[rank])[:8]}; ranks by node: {ranks}"
+
+
 # --------------------------------------------------------------------------- in memory
 @dataclass(eq=False)
 class _Message:

@@ -247,13 +247,13 @@ def rank_input(rank: int, size: int) -> np.ndarray:
     return np.random.default_rng(rank * 7919 + size).standard_normal(size).astype(np.float32)
 
 
-def every_collective(name: str, world: int, rank: int) -> dict:
+def every_collective(name: str, world: int, rank: int, backend: str) -> dict:
     """On one rank: every algorithm, op, size and tensor kind, checked against numpy here."""
     import torch
 
     import cgraph.collective as col
 
-    col.init_collective_group(world, rank, "gloo", name, timeout_s=30)
+    col.init_collective_group(world, rank, backend, name, timeout_s=30)
     wrong, calls = [], 0
     for size in SIZES:
         every = np.stack([rank_input(r, size) for r in range(world)])
@@ -294,15 +294,18 @@ def allreduce_after_a_death(name: str) -> str:
 
 
 def check_collectives_across_nodes(on_head, on_two) -> None:
-    """A gloo group of 2 actors per node: every algorithm against numpy, then a death."""
-    members = [on_head.remote("r0"), on_head.remote("r1"), on_two.remote("r2"), on_two.remote("r3")]
-    name, world = "xnode-gloo", len(members)
-    got = ray.get([m.run.remote(every_collective, name, world, r) for r, m in enumerate(members)], timeout=180)
-    ray.kill(members[3])
-    survivors = ray.get([m.run.remote(allreduce_after_a_death, name) for m in members[:3]], timeout=90)
-    report("collectives_across_nodes", got=got, after_death=survivors)
-    for m in members[:3]:
-        ray.kill(m)
+    """A gloo group and a cpu group (shared memory within a node, gloo between) of 2 actors
+    per node: every algorithm against numpy, then a death on the other node."""
+    for backend in ("gloo", "cpu"):
+        members = [on_head.remote("r0"), on_head.remote("r1"), on_two.remote("r2"), on_two.remote("r3")]
+        name, world = f"xnode-{backend}", len(members)
+        got = ray.get([m.run.remote(every_collective, name, world, r, backend)
+                       for r, m in enumerate(members)], timeout=180)
+        ray.kill(members[3])
+        survivors = ray.get([m.run.remote(allreduce_after_a_death, name) for m in members[:3]], timeout=90)
+        report(f"collectives_across_nodes_{backend}", got=got, after_death=survivors)
+        for m in members[:3]:
+            ray.kill(m)
 
 
 def check_gloo_across_nodes(a, b, c) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from cgraph.comm import cost_model
-from cgraph.comm.algorithms import ALGORITHMS
+from cgraph.comm.algorithms import ALGORITHMS, ALLGATHER_ALGORITHMS, REDUCESCATTER_ALGORITHMS
 from cgraph.comm.cost_model import (
     COST,
     CostParams,
@@ -27,6 +27,12 @@ CLUSTER = CostParams(alpha=1e-5, beta=1e-9, gamma=1e-10)
 
 def test_every_algorithm_has_a_cost_formula() -> None:
     assert set(COST) == set(ALGORITHMS)
+
+
+def test_every_reducescatter_and_allgather_algorithm_has_a_cost_row() -> None:
+    assert cost_model.COLLECTIVE_COST["allreduce"] is COST
+    assert set(cost_model.COLLECTIVE_COST["reducescatter"]) == set(REDUCESCATTER_ALGORITHMS)
+    assert set(cost_model.COLLECTIVE_COST["allgather"]) == set(ALLGATHER_ALGORITHMS)
 
 
 @pytest.mark.parametrize("world_size", [8, 16, 64])

@@ -1,0 +1,147 @@
+"""Where a "cpu" group's ranks sit, and the links that follow from it.
+
+A "cpu" group's ranks talk through shared memory wherever they share a node.
+Which ranks share one is known only once every rank has joined, so a rank's
+first call (not its ``init``, which never waits for peers) settles it::
+
+    connect(membership)       this rank's node id -> the store's keys   (never waits)
+    first call: links()       every rank's node id <- the store's keys  (waits up to timeout_s)
+      all on the store's node      the store's mesh, as joined (one Ray node: as before)
+      otherwise, per node          the node's lowest rank makes that node's mesh and
+                                   posts its ends under the store's keys; the others
+                                   attach them
+      several nodes                plus a gloo process group of the whole group, for
+                                   the pairs on two nodes (``comm.remote_links``)
+
+    2 nodes x 2 ranks:   0 ══shm══ 1          2 ══shm══ 3
+                          ╲──────── gloo (TCP) ───────╱   0-2, 0-3, 1-2, 1-3
+
+The lowest rank of a node owns its node's segments (named after its pid, so
+the next store or compile on that node frees them if it dies) and unlinks them
+when it destroys the group. The keys travel by Ray calls to the store actor, as
+the gloo backend's do: no port is opened for them. The gloo process group's own
+pair connections are gloo's (see docs/transports.md, security).
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cgraph.collective import rendezvous
+from cgraph.comm.cpu_mesh import LinkEnds, create_links
+from cgraph.comm.framed_transport import FramedTransport
+from cgraph.errors import CollectiveGroupError, CollectiveTimeoutError
+
+ANSWER_MARGIN_S = 30.0
+"""How much longer than the group's timeout a rank waits for the store to answer a wait."""
+
+
+@dataclass
+class Links:
+    """A rank's settled links and the segments it made (its node's mesh, if it leads it)."""
+
+    transport: FramedTransport
+    made: list[Any] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Drop this rank's mappings and unlink the segments it made (destroy)."""
+        self.transport.detach()
+        for channel in self.made:
+            channel.unlink()
+
+
+def announce(membership: Any, node: str) -> None:
+    """Post this rank's node id under the store's keys (at connect; never waits)."""
+    _set(membership, f"node/{membership.rank}", node.encode())
+
+
+def settle(membership: Any, node: str) -> Links:
+    """This rank's links, once every rank's node is known (see the module docstring).
+
+    Raises:
+        CollectiveTimeoutError: a rank did not join within the group's timeout.
+        CollectiveGroupError: the group spans nodes and torch (gloo) is missing.
+    """
+    spec = membership.spec
+    nodes = tuple(_get(membership, f"node/{r}", f"rank {r} to join").decode()
+                  for r in range(spec.world_size))
+    if membership.ends is not None and set(nodes) == {membership.node}:
+        return Links(FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s))
+    mine = [r for r in range(spec.world_size) if nodes[r] == node]
+    made, local = _node_mesh(membership, node, mine)
+    ends = _global_ends(local, mine, membership.rank, spec.world_size)
+    remote = _remote_links(membership) if len(set(nodes)) > 1 else None
+    return Links(FramedTransport(ends, spec.name, nodes, spec.timeout_s, remote), made)
+
+
+def _node_mesh(membership: Any, node: str, mine: Sequence[int]) -> tuple[list[Any], LinkEnds]:
+    """The links among this node's ranks: made by its lowest rank, attached by the others."""
+    spec, key = membership.spec, f"mesh/{node}"
+    if membership.rank != mine[0]:
+        ends = pickle.loads(_get(membership, key, f"rank {mine[0]} to make node {node[:8]}'s links"))
+        return [], ends[mine.index(membership.rank)]
+    tag = f"{rendezvous.SHM_TAG_PREFIX}{spec.name}.{membership.nonce}.{node[:8]}"
+    channels, ends = create_links(tag, "link", len(mine))
+    try:
+        _set(membership, key, pickle.dumps(ends))
+    except BaseException:
+        for channel in channels:
+            channel.unlink()
+        raise
+    return channels, ends[0]
+
+
+def _global_ends(local: LinkEnds, mine: Sequence[int], rank: int, world_size: int) -> LinkEnds:
+    """``local`` (numbered within the node) renumbered by group rank; None for other nodes."""
+    where = {r: i for i, r in enumerate(mine)}
+
+    def by_rank(handles: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(handles[where[r]] if r in where and r != rank else None for r in range(world_size))
+
+    return LinkEnds(rank, world_size, by_rank(local.out), by_rank(local.inp))
+
+
+def _remote_links(membership: Any) -> Any:
+    """A gloo process group of the whole group, for the pairs that cross nodes."""
+    from cgraph.comm.process_group import backend_available, process_group
+    from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S, connect_store
+    from cgraph.comm.remote_links import RemoteLinks
+
+    spec = membership.spec
+    if not backend_available("gloo"):
+        raise CollectiveGroupError(
+            f"group {spec.name!r} uses the 'cpu' backend on several Ray nodes: shared memory "
+            "within a node, gloo between nodes, and torch.distributed with gloo is not "
+            "available in this process. Install torch.", spec.name, membership.rank)
+    wait_s = max(spec.timeout_s, RENDEZVOUS_TIMEOUT_S)
+    store = connect_store(membership.store, wait_s).prefixed(f"{spec.name}.{membership.nonce}.links")
+    pg = process_group("gloo", store, membership.rank, spec.world_size,
+                       datetime.timedelta(seconds=spec.timeout_s))
+    return RemoteLinks(pg, keep=store)
+
+
+def _set(membership: Any, key: str, value: bytes) -> None:
+    spec = membership.spec
+    rendezvous.call(membership.store, "kv_set", _key(membership, key), value, group=spec.name)
+
+
+def _get(membership: Any, key: str, waiting_for: str) -> bytes:
+    spec = membership.spec
+    value = rendezvous.call(membership.store, "kv_get", _key(membership, key), spec.timeout_s,
+                            timeout=spec.timeout_s + ANSWER_MARGIN_S, group=spec.name)
+    if value is None:
+        raise CollectiveTimeoutError(
+            f"group {spec.name!r}, rank {membership.rank}: waited {spec.timeout_s:g} s for "
+            f"{waiting_for}, which never arrived (every rank must call init_collective_group "
+            "and then the same collectives; or raise timeout_s). The group is aborted.",
+            spec.name, membership.rank)
+    return bytes(value)
+
+
+def _key(membership: Any, key: str) -> str:
+    return f"cpu.{membership.spec.name}.{membership.nonce}/{key}"
+
