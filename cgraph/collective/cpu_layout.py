@@ -10,22 +10,22 @@ first call (not its ``init``, which never waits for peers) settles it::
       otherwise, per node          the node's lowest rank makes that node's mesh and
                                    posts its ends under the store's keys; the others
                                    attach them
-      several nodes                plus a gloo process group of the whole group, for
-                                   the pairs on two nodes (``comm.remote_links``)
+      several nodes                plus one authenticated TCP connection per pair of
+                                   ranks on two nodes (``comm.socket_links``)
 
     2 nodes x 2 ranks:   0 ══shm══ 1          2 ══shm══ 3
-                          ╲──────── gloo (TCP) ───────╱   0-2, 0-3, 1-2, 1-3
+                          ╲──────── TCP ──────────────╱   0-2, 0-3, 1-2, 1-3
 
 The lowest rank of a node owns its node's segments (named after its pid, so
 the next store or compile on that node frees them if it dies) and unlinks them
-when it destroys the group. The keys travel by Ray calls to the store actor, as
-the gloo backend's do: no port is opened for them. The gloo process group's own
-pair connections are gloo's (see docs/transports.md, security).
+when it destroys the group. The keys (node ids, mesh ends, listening addresses)
+travel by Ray calls to the store actor, as the gloo backend's do; a rank listens
+only while its pairs connect, and every connection proves it knows the group's
+secret, which only Ray delivers.
 """
 
 from __future__ import annotations
 
-import datetime
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ from typing import Any
 from cgraph.collective import rendezvous
 from cgraph.comm.cpu_mesh import LinkEnds, create_links
 from cgraph.comm.framed_transport import FramedTransport
-from cgraph.errors import CollectiveGroupError, CollectiveTimeoutError
+from cgraph.errors import CollectiveTimeoutError
 
 ANSWER_MARGIN_S = 30.0
 """How much longer than the group's timeout a rank waits for the store to answer a wait."""
@@ -64,7 +64,6 @@ def settle(membership: Any, node: str) -> Links:
 
     Raises:
         CollectiveTimeoutError: a rank did not join within the group's timeout.
-        CollectiveGroupError: the group spans nodes and torch (gloo) is missing.
     """
     spec = membership.spec
     nodes = tuple(_get(membership, f"node/{r}", f"rank {r} to join").decode()
@@ -74,7 +73,7 @@ def settle(membership: Any, node: str) -> Links:
     mine = [r for r in range(spec.world_size) if nodes[r] == node]
     made, local = _node_mesh(membership, node, mine)
     ends = _global_ends(local, mine, membership.rank, spec.world_size)
-    remote = _remote_links(membership) if len(set(nodes)) > 1 else None
+    remote = _remote_links(membership, nodes) if len(set(nodes)) > 1 else None
     return Links(FramedTransport(ends, spec.name, nodes, spec.timeout_s, remote), made)
 
 
@@ -105,23 +104,20 @@ def _global_ends(local: LinkEnds, mine: Sequence[int], rank: int, world_size: in
     return LinkEnds(rank, world_size, by_rank(local.out), by_rank(local.inp))
 
 
-def _remote_links(membership: Any) -> Any:
-    """A gloo process group of the whole group, for the pairs that cross nodes."""
-    from cgraph.comm.process_group import backend_available, process_group
-    from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S, connect_store
-    from cgraph.comm.remote_links import RemoteLinks
+def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
+    """Authenticated sockets to the ranks on other nodes (``comm.socket_links``)."""
+    import ray
 
-    spec = membership.spec
-    if not backend_available("gloo"):
-        raise CollectiveGroupError(
-            f"group {spec.name!r} uses the 'cpu' backend on several Ray nodes: shared memory "
-            "within a node, gloo between nodes, and torch.distributed with gloo is not "
-            "available in this process. Install torch.", spec.name, membership.rank)
-    wait_s = max(spec.timeout_s, RENDEZVOUS_TIMEOUT_S)
-    store = connect_store(membership.store, wait_s).prefixed(f"{spec.name}.{membership.nonce}.links")
-    pg = process_group("gloo", store, membership.rank, spec.world_size,
-                       datetime.timedelta(seconds=spec.timeout_s))
-    return RemoteLinks(pg, keep=store)
+    from cgraph.comm import socket_links
+
+    spec, rank = membership.spec, membership.rank
+    peers = [r for r in range(spec.world_size) if nodes[r] != nodes[rank]]
+    return socket_links.connect(
+        rank, peers, membership.secret, f"cpu-links {spec.name}.{membership.nonce}",
+        ray.util.get_node_ip_address(),
+        publish=lambda address: _set(membership, f"addr/{rank}", address.encode()),
+        address_of=lambda r: _get(membership, f"addr/{r}", f"rank {r}'s address").decode(),
+        timeout=spec.timeout_s)
 
 
 def _set(membership: Any, key: str, value: bytes) -> None:

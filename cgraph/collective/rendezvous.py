@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ class Membership:
     nonce: str
     ends: Any = None  # cpu, on the store's node: this rank's ends of the store's mesh
     store: Any = None  # the store actor's handle (its keys: ray_store.RayStore, cpu_layout)
+    secret: bytes = b""  # cpu: what its links between nodes prove they know
 
 
 @dataclass
@@ -117,6 +119,7 @@ class GroupStore(KVStore):
         self._spec = spec
         self._node = ray.get_runtime_context().get_node_id()
         self._nonce = uuid.uuid4().hex[:8]
+        self._secret = secrets.token_bytes(32)  # reaches the members by Ray only
         self._state = _State()
         atexit.register(self.shutdown)  # a store ended without leave() still unlinks
         from cgraph.channels.segments import cleanup_stale_segments
@@ -206,8 +209,9 @@ class GroupStore(KVStore):
 
                 tag = f"{SHM_TAG_PREFIX}{spec.name}.{self._nonce}"
                 state.channels, state.ends = create_links(tag, "link", spec.world_size)
-            return Membership(spec, rank, self._node, self._nonce, ends=state.ends[rank], store=me)
-        return Membership(spec, rank, self._node, self._nonce, store=me)
+            return Membership(spec, rank, self._node, self._nonce, ends=state.ends[rank], store=me,
+                              secret=self._secret)
+        return Membership(spec, rank, self._node, self._nonce, store=me, secret=self._secret)
 
 
 def _not_declared(spec: GroupSpec, imperative: bool) -> str:

@@ -26,7 +26,7 @@ One call at a time per mesh: the tag is set by ``calling(tag)`` around a call.
 
 A group that spans nodes has shared-memory ends only for the peers on this
 rank's node; every other peer is reached through ``remote``
-(``comm.remote_links``: a gloo process group), whose messages carry a
+(``comm.socket_links``: a TCP connection per pair), whose messages carry a
 fingerprint of the tag instead of the tag, and are just as buffered::
 
     ends.out[j] is a link     j on this node: the shared-memory link
@@ -44,7 +44,7 @@ import numpy as np
 
 from cgraph.channels.segments import unlink_channel
 from cgraph.comm.cpu_mesh import LinkEnds
-from cgraph.comm.remote_links import RemoteLinks
+from cgraph.comm.socket_links import SocketLinks
 from cgraph.comm.transport import describe_layout
 from cgraph.errors import (
     ChannelClosedError,
@@ -68,13 +68,13 @@ class FramedTransport:
         group: the group name, for error messages.
         nodes: the node of every rank (``node_of``).
         timeout: seconds any single wait (a free slot, a message) may take.
-        remote: the links to the peers without a shared-memory end (``RemoteLinks``);
+        remote: the links to the peers without a shared-memory end (``SocketLinks``);
             None when every peer shares this rank's node.
     """
 
     def __init__(
         self, ends: LinkEnds, group: str, nodes: tuple[Hashable, ...], timeout: float,
-        remote: RemoteLinks | None = None,
+        remote: SocketLinks | None = None,
     ) -> None:
         if len(nodes) != ends.world_size:
             raise ValueError(f"{len(nodes)} node ids for a group of {ends.world_size} ranks")

@@ -1,14 +1,16 @@
-"""The "cpu" backend's links across nodes: shared memory inside a "node", gloo between.
+"""The "cpu" backend's links across nodes: shared memory inside a "node", TCP between.
 
 Four ranks live in threads of this process, laid out as two nodes of two: each
 node's pair shares a shared-memory mesh made here, and every pair on two nodes
-goes through a gloo process group (``RemoteLinks``) met through one ``HashStore``.
-``FramedTransport`` routes each peer; the algorithms run over it unchanged.
+gets an authenticated loopback connection (``socket_links.connect``, addresses
+passed through a dict). ``FramedTransport`` routes each peer; the algorithms run
+over it unchanged. Attacks aim only at the listeners these tests open.
 """
 
 from __future__ import annotations
 
-import datetime
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -17,14 +19,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 
 from cgraph.collective.cpu_layout import _global_ends
 from cgraph.comm import algorithms
 from cgraph.comm.cpu_mesh import create_links
 from cgraph.comm.framed_transport import FramedTransport
-from cgraph.comm.process_group import process_group
-from cgraph.comm.remote_links import INLINE, RemoteLinks
+from cgraph.comm import socket_links
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveGroupError, CollectiveMismatchError, CollectiveTimeoutError
 
@@ -34,7 +34,7 @@ NODES = ("A", "A", "B", "B")
 def hybrid(work: Callable[[FramedTransport], Any], nodes: tuple[str, ...] = NODES,
            timeout: float = 20.0) -> list[Any]:
     """Run ``work(transport)`` on every rank of ``nodes`` at once; results (or errors) by rank."""
-    n, store = len(nodes), dist.HashStore()
+    n = len(nodes)
     made, local = [], {}
     for node in sorted(set(nodes)):
         mine = [r for r in range(n) if nodes[r] == node]
@@ -44,9 +44,7 @@ def hybrid(work: Callable[[FramedTransport], Any], nodes: tuple[str, ...] = NODE
 
     def one(rank: int) -> Any:
         ends, mine = local[rank]
-        # only the links hold the process group, so closing them closes its connections
-        remote = RemoteLinks(process_group("gloo", store, rank, n, datetime.timedelta(seconds=timeout),
-                                           "127.0.0.1"))
+        remote = connect(rank, [r for r in range(n) if nodes[r] != nodes[rank]], timeout)
         t = FramedTransport(_global_ends(ends, mine, rank, n), "g", nodes, timeout, remote)
         try:
             with t.calling(("g", "test")):
@@ -57,6 +55,7 @@ def hybrid(work: Callable[[FramedTransport], Any], nodes: tuple[str, ...] = NODE
         finally:
             t.detach()
 
+    _BOOK.clear()
     try:
         with ThreadPoolExecutor(n) as pool:
             return [f.result(timeout=120) for f in [pool.submit(one, r) for r in range(n)]]
@@ -65,11 +64,36 @@ def hybrid(work: Callable[[FramedTransport], Any], nodes: tuple[str, ...] = NODE
             channel.unlink()
 
 
+SECRET = b"s" * 32
+
+
+def connect(rank: int, peers: list[int], timeout: float, secret: bytes = SECRET,
+            addresses: dict[int, str] | None = None) -> socket_links.SocketLinks:
+    book = _BOOK if addresses is None else addresses
+
+    def publish(address: str) -> None:
+        with _POSTED:
+            book[rank] = address
+            _POSTED.notify_all()
+
+    def address_of(peer: int) -> str:
+        with _POSTED:
+            _POSTED.wait_for(lambda: peer in book, timeout)
+            return book[peer]
+
+    return socket_links.connect(rank, peers, secret, "cpu-links g.x", "127.0.0.1", publish,
+                                address_of, timeout)
+
+
+_BOOK: dict[int, str] = {}
+_POSTED = threading.Condition()
+
+
 def data(rank: int, count: int, dtype: Any = np.float64) -> np.ndarray:
     return (np.random.default_rng(rank + 31 * count).standard_normal(count) * 100).astype(dtype)
 
 
-def test_every_algorithm_over_shared_memory_and_gloo_equals_numpy() -> None:
+def test_every_algorithm_over_shared_memory_and_sockets_equals_numpy() -> None:
     counts = (0, 1, 7, 5000, 300_000)  # 300k float64: 2.3 MiB, several slices of the sliced ones
 
     def work(t: FramedTransport) -> dict[tuple[str, int], np.ndarray]:
@@ -102,7 +126,7 @@ def test_max_and_integers_cross_nodes_exactly() -> None:
     assert all(np.array_equal(got, every.max(0)) for got in hybrid(work))
 
 
-@pytest.mark.parametrize("nbytes", [INLINE, INLINE + 1])
+@pytest.mark.parametrize("nbytes", [1, 64 << 10, 8 << 20])
 def test_a_message_inside_its_header_and_one_after_it(nbytes: int) -> None:
     """Rank 0 (node A) and rank 2 (node B) swap messages of either kind, both ways."""
 
@@ -119,7 +143,7 @@ def test_a_message_inside_its_header_and_one_after_it(nbytes: int) -> None:
 
 
 def test_a_message_of_another_size_is_a_mismatch_not_a_crash() -> None:
-    """gloo kills a process that receives more bytes than it posted; the header prevents it."""
+    """The header names the length: the receiver refuses before reading a payload byte."""
 
     def work(t: FramedTransport) -> Any:
         if t.rank == 0:
@@ -163,7 +187,7 @@ def test_a_peer_on_another_node_that_never_sends_times_out_naming_the_layout() -
 
 
 def test_closing_wakes_a_peer_on_another_node() -> None:
-    """A rank that gives up drops its process group; a peer blocked on it wakes at once."""
+    """A rank that gives up shuts its sockets down; a peer blocked on it wakes at once."""
 
     def work(t: FramedTransport) -> Any:
         if t.rank == 0:
@@ -174,3 +198,85 @@ def test_closing_wakes_a_peer_on_another_node() -> None:
 
     got = hybrid(work, timeout=60.0)
     assert isinstance(got[2], CollectiveGroupError) and "could not receive from rank 0" in str(got[2])
+
+
+def _pair_with_a_stranger(stranger: Callable[[str], None]) -> tuple[Any, Any]:
+    """Rank 0 dials rank 1; a stranger reaches rank 1's listener first."""
+    book: dict[int, str] = {}
+    seen = threading.Event()
+
+    def publish_then_attack(address: str) -> None:
+        book[1] = address
+        stranger(address)
+        seen.set()
+
+    results: dict[int, Any] = {}
+
+    def rank1() -> None:
+        try:
+            results[1] = socket_links.connect(1, [0], SECRET, "cpu-links g.x", "127.0.0.1",
+                                              publish_then_attack, lambda _r: "", 10.0)
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            results[1] = exc
+
+    thread = threading.Thread(target=rank1)
+    thread.start()
+    assert seen.wait(10)
+    results[0] = socket_links.connect(0, [1], SECRET, "cpu-links g.x", "127.0.0.1",
+                                      lambda _a: None, lambda _r: book[1], 10.0)
+    thread.join(20)
+    return results[0], results[1]
+
+
+def _garbage(address: str) -> None:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"\x05\x00hello" + b"\x00" * 80)
+        time.sleep(0.2)
+
+
+def _wrong_secret(address: str) -> None:
+    with pytest.raises(Exception):  # noqa: B017,PT011 - refused either way
+        socket_links._dial(address, b"w" * 32, b"cpu-links g.x 0", 3.0)
+
+
+@pytest.mark.parametrize("stranger", [_garbage, _wrong_secret], ids=["garbage", "wrong-secret"])
+def test_a_stranger_is_refused_and_the_real_peer_still_connects(stranger: Callable[[str], None]) -> None:
+    first, second = _pair_with_a_stranger(stranger)
+    assert isinstance(second, socket_links.SocketLinks), second
+    try:
+        buf = np.arange(5.0)
+        first.send(b"f" * 8, buf, 1)
+        got = np.zeros(5)
+        assert second.recv(b"f" * 8, got, 0) and got.tolist() == buf.tolist()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_the_listener_is_closed_once_the_pairs_are_made() -> None:
+    book: dict[int, str] = {}
+    out: dict[int, Any] = {}
+
+    def one(rank: int) -> None:
+        out[rank] = socket_links.connect(rank, [1 - rank], SECRET, "cpu-links g.x", "127.0.0.1",
+                                         lambda a: book.__setitem__(rank, a),
+                                         lambda r: _wait_for(book, r), 10.0)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in (0, 1)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    try:
+        host, port = book[1].rsplit(":", 1)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=2).close()
+    finally:
+        for links in out.values():
+            links.close()
+
+
+def _wait_for(book: dict[int, str], rank: int) -> str:
+    deadline = time.monotonic() + 10
+    while rank not in book and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return book[rank]
