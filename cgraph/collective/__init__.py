@@ -53,8 +53,8 @@ Args:
     tensor: a torch tensor, numpy or cupy array (same dtype and shape on every rank).
     group_name: the group (``init_collective_group`` / ``declare_collective_group``).
     op: ``ReduceOp.SUM``, ``PRODUCT``, ``MIN`` or ``MAX`` (or its name).
-    algorithm: "auto" (on "cpu": the fitted cost model's choice; on "gloo" and
-        "nccl": the backend's own, also named "native"), or one of cgraph's:
+    algorithm: "auto" (the cost model fitted to this group chooses; on "gloo"
+        and "nccl" the backend's own allreduce, named "native", is a candidate), "native", or one of cgraph's:
         "ring", "tree", "butterfly", "star", "chain", "reduction_server".
     nodes: (``bind``) one DAG node per member actor, each a method's result
         holding a torch tensor.

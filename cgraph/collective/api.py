@@ -192,8 +192,8 @@ def allreduce(tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM,
         tensor: a torch tensor, numpy or cupy array; same dtype and shape on every rank.
         group_name: the group's name.
         op: ReduceOp.SUM, PRODUCT, MIN or MAX (or its name).
-        algorithm: "auto" (on "cpu": the fitted cost model's choice; on "gloo" and
-            "nccl": the backend's own allreduce, also named "native"), or a name of
+        algorithm: "auto" (the cost model fitted to this group chooses; on "gloo"
+            and "nccl" the backend's own allreduce, named "native", is a candidate), "native", or a name of
             ``cgraph.comm.algorithms.ALGORITHMS``: cgraph's algorithm, on every
             backend ("gloo"/"nccl": over the process group's send/recv).
 
@@ -252,30 +252,36 @@ def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> No
 
 
 @_recorded
-def allgather(tensor_list: list[Any], tensor: Any, group_name: str = "default") -> None:
+def allgather(tensor_list: list[Any], tensor: Any, group_name: str = "default",
+              algorithm: str = "auto") -> None:
     """Fill ``tensor_list[r]`` with rank r's ``tensor`` on every rank.
 
     Args:
         tensor_list: ``world_size`` tensors shaped and typed like ``tensor``.
         tensor: this rank's contribution.
         group_name: the group's name.
+        algorithm: "auto" (on "cpu": "hierarchical" where the group spans nodes, else
+            "ring"; on "gloo"/"nccl": the backend's own, also named "native"), "ring" or
+            "hierarchical" (rings inside nodes, an exchange between them:
+            ``cgraph.comm.algorithms.ALLGATHER_ALGORITHMS``), on every backend.
 
     Raises:
         CollectiveGroupError, CollectiveMismatchError, CollectiveTimeoutError: as
             for ``allreduce``.
-        ValueError: ``tensor_list`` of the wrong length, shape or dtype.
+        ValueError: ``tensor_list`` of the wrong length, shape or dtype, or an unknown
+            algorithm.
     """
     group = groups.lookup(group_name)
     check_parts(group, tensor_list, tensor, "allgather", "tensor_list")
     row = group.backend
     with working(tensor, row.tensor, row.device, write=False) as work:
         with all_working(tensor_list, row) as outs:
-            group.comm.allgather(outs, work)
+            group.comm.allgather(outs, work, algorithm)
 
 
 @_recorded
 def reducescatter(tensor: Any, tensor_list: list[Any], group_name: str = "default",
-                  op: Any = ReduceOp.SUM) -> None:
+                  op: Any = ReduceOp.SUM, algorithm: str = "auto") -> None:
     """``tensor`` = the reduction over ranks of their ``tensor_list[rank]``.
 
     Args:
@@ -283,12 +289,14 @@ def reducescatter(tensor: Any, tensor_list: list[Any], group_name: str = "defaul
         tensor_list: ``world_size`` tensors shaped and typed like ``tensor``.
         group_name: the group's name.
         op: ReduceOp.SUM, PRODUCT, MIN or MAX (or its name).
+        algorithm: as for ``allgather`` ("auto", "ring", "hierarchical", and "native" on
+            "gloo"/"nccl": ``cgraph.comm.algorithms.REDUCESCATTER_ALGORITHMS``).
 
     Raises:
         CollectiveGroupError, CollectiveMismatchError, CollectiveTimeoutError: as
             for ``allreduce``.
-        ValueError: ``tensor_list`` of the wrong length, shape or dtype, or a
-            dtype or op that does not reduce.
+        ValueError: ``tensor_list`` of the wrong length, shape or dtype, a dtype or
+            op that does not reduce, or an unknown algorithm.
     """
     group = groups.lookup(group_name)
     check_parts(group, tensor_list, tensor, "reducescatter", "tensor_list")
@@ -296,7 +304,7 @@ def reducescatter(tensor: Any, tensor_list: list[Any], group_name: str = "defaul
     row = group.backend
     with working(tensor, row.tensor, row.device) as out:
         with all_working(tensor_list, row, write=False) as parts:
-            group.comm.reducescatter(out, parts, op)
+            group.comm.reducescatter(out, parts, op, algorithm)
 
 
 @_recorded

@@ -86,12 +86,13 @@ def dtype_name(tensor: Any) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-def cpu_comm(group_name: str, call: str) -> Any:
-    """The communicator of a "cpu" group (the one the cost model serves), else ValueError."""
+def tuned_comm(group_name: str, call: str) -> Any:
+    """The communicator of a group whose "auto" the cost model serves (every backend's
+    group; a team or user object without ``tune``: ValueError)."""
     group = groups.lookup(group_name)
-    if group.backend.name != "cpu":
-        raise ValueError(f"{call}: group {group_name!r} uses {group.backend.name!r}; cgraph's "
-                         "cost model picks algorithms on the 'cpu' backend only")
+    if not hasattr(group.comm, "tune"):
+        raise ValueError(f"{call}: group {group_name!r} ({group.backend.name!r}) has no cost "
+                         "model to tune")
     return group.comm
 
 

@@ -5,9 +5,9 @@ short measurement on every rank together (they all make that call): each
 candidate algorithm at ``FIT_BYTES``, from a fresh copy of the input each time
 (as a training step's gradients are), in rounds over the algorithms, median of
 ``REPEATS`` (more at the cheaper sizes), largest size first after ``WARMUP``
-untimed rounds. The ranks take
-the element-wise maximum of their timings (the slowest rank sets the pace),
-so every rank fits the same numbers and later choices agree without talking.
+untimed rounds. The ranks take the element-wise maximum of their timings (the
+slowest rank sets the pace), so every rank fits the same numbers and later
+choices agree without talking.
 
 Two levels, as NCCL's tuner keeps a latency and a bandwidth per algorithm::
 
@@ -29,6 +29,14 @@ The ratio carries what the shared parameters cannot: on a host where ranks
 share few cores, algorithms that keep fewer ranks busy at once (star, chain)
 lose less to contention than the critical-path model says; caches favour
 smaller messages. ``explain`` prints both columns.
+
+A backend's own allreduce ("native" on gloo and NCCL) is one more candidate:
+the backend hands a callable per name (``own``), timed, tried and probed like
+cgraph's algorithms; with no formula of its own it is modelled as ``STAND_IN``
+times its measured ratio. A group on several nodes also times two ranks of one
+node and two of two nodes (``measure_links``), from which ``fit`` tells the
+links inside a node (alpha, beta) from those between (alpha_inter, beta_inter).
+The timing itself is ``measurement``'s; a group's state, ``tuner.Tuner``.
 """
 
 from __future__ import annotations
@@ -37,26 +45,25 @@ import bisect
 import logging
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from cgraph._log import logger
+from cgraph.collective.measurement import FIT_BYTES as FIT_BYTES
+from cgraph.collective.measurement import REPEATS as REPEATS
+from cgraph.collective.measurement import Run as Run
+from cgraph.collective.measurement import measure as measure
+from cgraph.collective.measurement import measure_links as measure_links
+from cgraph.collective.measurement import ranks_per_node as ranks_per_node
+from cgraph.collective.measurement import run_candidate, slowest_rank_times
 from cgraph.comm import cost_model
 from cgraph.comm.algorithms import allreduce, barrier
 from cgraph.comm.cost_model import CostParams, Sample
 from cgraph.comm.transport import Transport
 from cgraph.comm.types import ReduceOp
 
-FIT_BYTES: tuple[int, ...] = (256 << 10, 4 << 20, 32 << 20)
-"""Sizes timed by the measurement (float32 buffers of this many bytes), up to large
-gradient buckets (DDP's default is 25 MiB): whole-buffer algorithms fall off a cache
-cliff between 16 and 32 MiB that sliced ones do not. Beyond, the largest's ratio holds."""
-REPEATS = 3
-"""Timings per algorithm at the largest size (2 * REPEATS + 1 at the others); the median counts."""
-WARMUP = 1
-"""Untimed rounds before the largest size (the first one grows the links' slots)."""
 FALLBACK = "ring"
 """The choice without a calibration (bandwidth-optimal at any world size)."""
 TRIAL_MIN_BYTES = 64 << 10
@@ -90,6 +97,9 @@ PROBE_WINDOW = 6
 OVERRULE (checked over an even count, so that each order weighs alike)."""
 DEFAULT_PARAMS = CostParams(alpha=2e-5, beta=2e-10, gamma=2e-10)
 """Shared parameters when the samples cannot be fitted (the ratios still calibrate)."""
+STAND_IN = "ring"
+"""The formula of a candidate without one (``own``): gloo's and NCCL's allreduces are rings (or
+trees) in native code; the measured ratio at each size carries how far they differ from it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,24 +113,22 @@ class Calibration:
     ratios: dict[str, tuple[float, ...]]  # algorithm -> measured / model, per size
 
     @classmethod
-    def of(cls, samples: Sequence[Sample]) -> Calibration:
-        """Fit ``samples`` (one world size, every candidate at the same sizes)."""
+    def of(cls, samples: Sequence[Sample], links: Sequence[Sample] = ()) -> Calibration:
+        """Fit ``samples`` (one world size, every candidate at the same sizes) and ``links``
+        (two-rank samples, ``measure_links``: they feed the fit, not the ratios)."""
         first = samples[0]
         rpn = first.ranks_per_node or first.world_size
-        try:
-            params = cost_model.fit(samples)
-        except ValueError:
-            params = DEFAULT_PARAMS
+        params = fit([*samples, *links])
         sizes = tuple(sorted({s.nbytes for s in samples}))
         ratios: dict[str, list[float]] = {}
         for s in sorted(samples, key=lambda s: s.nbytes):
-            model = cost_model.predict(s.algorithm, s.world_size, s.nbytes, params, rpn)
+            model = cost_model.predict(formula(s.algorithm), s.world_size, s.nbytes, params, rpn)
             ratios.setdefault(s.algorithm, []).append(s.seconds / model if model > 0 else 1.0)
-        return cls(first.world_size, rpn, params,
-                   sizes, {a: tuple(r) for a, r in ratios.items()})
+        return cls(first.world_size, rpn, params, sizes, {a: tuple(r) for a, r in ratios.items()})
 
     def model(self, algorithm: str, nbytes: int) -> float:
-        return cost_model.predict(algorithm, self.world_size, nbytes, self.params, self.ranks_per_node)
+        return cost_model.predict(formula(algorithm), self.world_size, nbytes, self.params,
+                                  self.ranks_per_node)
 
     def ratio(self, algorithm: str, nbytes: int) -> float:
         """measured / model for ``algorithm``, interpolated in log(nbytes) between sizes."""
@@ -147,88 +155,62 @@ class Calibration:
         """Every candidate's terms, model time, ratio and calibrated time; marks the choice."""
         best, p = self.choose(nbytes), self.world_size
         pr = self.params
+        inter = "" if pr.alpha_inter is None else \
+            f", between nodes alpha={pr.inter[0]:.3g} s, beta={pr.inter[1]:.3g} s/B"
         lines = [
             f"allreduce of {nbytes} bytes over {p} ranks ({self.ranks_per_node} per node); "
-            f"alpha={pr.alpha:.3g} s, beta={pr.beta:.3g} s/B, gamma={pr.gamma:.3g} s/B; "
+            f"alpha={pr.alpha:.3g} s, beta={pr.beta:.3g} s/B, gamma={pr.gamma:.3g} s/B{inter}; "
             f"ratios measured at {', '.join(_size(s) for s in self.sizes)}",
             f"{'algorithm':<18}{'steps':>7}{'MB moved':>10}{'MB reduced':>12}"
             f"{'model':>12}{'ratio':>8}{'calibrated':>13}",
         ]
         for name in self.ratios:
-            t = cost_model.terms(name, p, nbytes, self.ranks_per_node)
+            t = cost_model.terms(formula(name), p, nbytes, self.ranks_per_node)
             mark = "  <- auto" if name == best else ""
+            label = name if formula(name) == name else f"{name} ({STAND_IN})"
             lines.append(
-                f"{name:<18}{t.steps:>7.0f}{t.moved / 1e6:>10.2f}{t.reduced / 1e6:>12.2f}"
+                f"{label:<18}{t.steps + t.steps_inter:>7.0f}{(t.moved + t.moved_inter) / 1e6:>10.2f}"
+                f"{t.reduced / 1e6:>12.2f}"
                 f"{_ms(self.model(name, nbytes)):>12}{self.ratio(name, nbytes):>8.2f}"
                 f"{_ms(self.predict(name, nbytes)):>13}{mark}"
             )
         return "\n".join(lines)
 
 
-def ranks_per_node(transport: Transport) -> int:
-    """The size of the largest node of the transport (the reduction server's L)."""
-    counts: dict[object, int] = {}
-    for r in range(transport.world_size):
-        node = transport.node_of(r)
-        counts[node] = counts.get(node, 0) + 1
-    return max(counts.values())
+def formula(name: str) -> str:
+    """The cost formula ``name`` is modelled with: its own, or ``STAND_IN``'s."""
+    return name if name in cost_model.COST else STAND_IN
 
 
-def measure(
-    transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS
-) -> list[Sample]:
-    """Time every candidate at ``sizes`` on all ranks; identical samples on every rank."""
-    rpn = ranks_per_node(transport)
-    names = cost_model.candidates(rpn)
-    local = np.empty((len(names), len(sizes)), dtype=np.float64)
-    # Largest size first, after WARMUP rounds: the links' slots grow (new segments,
-    # page faults) on their first large messages, which is not the algorithm's time.
-    for k, j in enumerate(sorted(range(len(sizes)), key=lambda j: -sizes[j])):
-        # the largest size costs most; smaller ones are cheap and noisier: time them more
-        count = repeats if k == 0 else 2 * repeats + 1
-        local[:, j] = _median_times(transport, names, sizes[j], count, WARMUP if k == 0 else 0)
-    allreduce(transport, local, ReduceOp.MAX, "ring")
-    p = transport.world_size
-    return [
-        Sample(name, p, nbytes, float(local[i, j]), rpn)
-        for i, name in enumerate(names)
-        for j, nbytes in enumerate(sizes)
-    ]
+def fit(samples: Sequence[Sample]) -> CostParams:
+    """``cost_model.fit`` of the samples with a formula of their own; ``DEFAULT_PARAMS`` when
+    they cannot be fitted. With one rank per node every link crosses nodes, and each
+    algorithm's inter-node terms total its one-node terms: one class is fitted, the
+    inter-node one (fit cannot solve for an intra-node class no sample uses)."""
+    usable = [s for s in samples if s.algorithm in cost_model.COST]
+    apart = bool(usable) and all(s.ranks_per_node == 1 for s in usable)
+    try:
+        if not apart:
+            return cost_model.fit(usable)
+        one = cost_model.fit([replace(s, ranks_per_node=None) for s in usable])
+    except ValueError:
+        return DEFAULT_PARAMS
+    return replace(one, alpha_inter=one.alpha, beta_inter=one.beta)
 
 
-def _median_times(transport: Transport, names: Sequence[str], nbytes: int, repeats: int,
-                  warmup: int) -> list[float]:
-    """Each algorithm's median time at ``nbytes`` on this rank (see ``_round_times``)."""
-    times = _round_times(transport, names, nbytes, repeats, warmup)
-    return [float(v) for v in np.median(times, axis=0)]
+def size_class(nbytes: int) -> int:
+    """One trial (and one ``Arm``) per power of two of the message size."""
+    return max(nbytes - 1, 1).bit_length()
 
 
-def _round_times(transport: Transport, names: Sequence[str], nbytes: int, repeats: int,
-                 warmup: int) -> np.ndarray:
-    """This rank's time of every algorithm in each timed round: shape (rounds, names).
-
-    The algorithms run in rounds over all of them, from a fresh copy of the input
-    each time, so that a burst of load from elsewhere on the host hits every
-    algorithm of a round alike."""
-    source = np.random.default_rng(transport.rank).random(max(1, nbytes // 4), dtype=np.float32)
-    buf = np.empty_like(source)
-    times = np.empty((warmup + max(1, repeats), len(names)), dtype=np.float64)
-    for r in range(times.shape[0]):
-        for i, name in enumerate(names):
-            np.copyto(buf, source)
-            barrier(transport)
-            start = time.perf_counter()
-            allreduce(transport, buf, ReduceOp.SUM, name)
-            times[r, i] = time.perf_counter() - start
-    return times[warmup:]
-
-
-def calibrate(transport: Transport, sizes: Sequence[int] = FIT_BYTES,
-              repeats: int = REPEATS) -> Calibration | None:
-    """Measure and fit (every rank calls); None for a single rank."""
+def calibrate(transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS,
+              own: Mapping[str, Run] | None = None) -> Calibration | None:
+    """Measure (``own``: the backend's allreduces, as candidates) and fit, with the
+    ``measure_links`` of a group on several nodes; every rank calls. None for one rank."""
     if transport.world_size == 1:
         return None
-    return Calibration.of(measure(transport, sizes, repeats))
+    samples = measure(transport, sizes, repeats, own)
+    return Calibration.of(samples, measure_links(transport, repeats))
 
 
 def trial_repeats(calibration: Calibration, names: Sequence[str], nbytes: int) -> int:
@@ -241,7 +223,8 @@ def trial_repeats(calibration: Calibration, names: Sequence[str], nbytes: int) -
 
 
 def trial(transport: Transport, calibration: Calibration, nbytes: int,
-          keep: int = TRIAL_CANDIDATES, repeats: int | None = None) -> str:
+          keep: int = TRIAL_CANDIDATES, repeats: int | None = None,
+          own: Mapping[str, Run] | None = None) -> str:
     """Time the model's ``keep`` best candidates at ``nbytes`` itself; the fastest wins.
 
     The calibrated model is good at ranking algorithms far apart and poor at
@@ -263,11 +246,12 @@ def trial(transport: Transport, calibration: Calibration, nbytes: int,
     collective call); the slowest rank's time in each round decides, so every
     rank picks the same algorithm.
     """
-    return trial_arm(transport, calibration, nbytes, keep, repeats).incumbent
+    return trial_arm(transport, calibration, nbytes, keep, repeats, own).incumbent
 
 
 def trial_arm(transport: Transport, calibration: Calibration, nbytes: int,
-              keep: int = TRIAL_CANDIDATES, repeats: int | None = None) -> Arm:
+              keep: int = TRIAL_CANDIDATES, repeats: int | None = None,
+              own: Mapping[str, Run] | None = None) -> Arm:
     """``trial``, kept as an ``Arm``: its winner runs, its runner-up is probed later."""
     ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, nbytes))
     best_pred = calibration.predict(ranked[0], nbytes)
@@ -277,14 +261,14 @@ def trial_arm(transport: Transport, calibration: Calibration, nbytes: int,
         return Arm(ranked[0], None)
     if repeats is None:
         repeats = trial_repeats(calibration, ranked, nbytes)
-    scores = _round_scores(_slowest_rank_times(transport, ranked, nbytes, repeats, 1))
+    scores = _round_scores(slowest_rank_times(transport, ranked, nbytes, repeats, 1, own))
     order = [ranked[i] for i in np.argsort(scores, kind="stable")]
     _debug("trial", nbytes, ranked, scores)
     winner, runner_up = order[0], order[1]
     if winner == ranked[0]:
         return Arm(winner, runner_up)
     pair = [ranked[0], winner]
-    times = _slowest_rank_times(transport, pair, nbytes, 2 * repeats, 0)
+    times = slowest_rank_times(transport, pair, nbytes, 2 * repeats, 0, own)
     challenger = float(np.median(times[:, 1] / times[:, 0]))
     _debug("head to head", nbytes, pair, [1.0, challenger])
     return Arm(winner, ranked[0]) if challenger < OVERRULE else Arm(ranked[0], winner)
@@ -355,7 +339,8 @@ class Arm:
         self.next_probe = self.calls + PROBE_FIRST
 
 
-def probe(transport: Transport, arm: Arm, arr: np.ndarray, op: ReduceOp) -> None:
+def probe(transport: Transport, arm: Arm, arr: np.ndarray, op: ReduceOp,
+          own: Mapping[str, Run] | None = None) -> None:
     """One probe call (see ``Arm``): ``arr`` gets the incumbent's result.
 
     The incumbent runs on ``arr`` (the user's call) and the challenger on a copy
@@ -377,7 +362,7 @@ def probe(transport: Transport, arm: Arm, arr: np.ndarray, op: ReduceOp) -> None
     for name, buf in runs:
         barrier(transport)
         start = time.perf_counter()
-        allreduce(transport, buf, op, name)
+        run_candidate(transport, name, buf, op, own)
         times[0 if buf is arr else 1] = time.perf_counter() - start
     allreduce(transport, times, ReduceOp.MAX, "ring")
     before = arm.incumbent
@@ -386,19 +371,10 @@ def probe(transport: Transport, arm: Arm, arr: np.ndarray, op: ReduceOp) -> None
         logger.debug("auto at %s: %s now runs instead of %s (probes %s)", _size(arr.nbytes),
                      arm.incumbent, before, arm.history)
 
-
 def _debug(what: str, nbytes: int, names: Sequence[str], ratios: Sequence[float]) -> None:
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("auto %s at %s: %s", what, _size(nbytes),
                      ", ".join(f"{n} {r:.2f}" for n, r in zip(names, ratios, strict=True)))
-
-
-def _slowest_rank_times(transport: Transport, names: Sequence[str], nbytes: int,
-                        repeats: int, warmup: int) -> np.ndarray:
-    """``_round_times`` with each entry the largest over the ranks (same on every rank)."""
-    times = np.ascontiguousarray(_round_times(transport, names, nbytes, repeats, warmup))
-    allreduce(transport, times, ReduceOp.MAX, "ring")
-    return times
 
 
 def _round_scores(times: np.ndarray) -> np.ndarray:

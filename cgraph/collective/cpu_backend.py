@@ -28,8 +28,8 @@ import numpy as np
 from cgraph.collective import autotune, cpu_layout
 from cgraph.collective.backends import Hooks
 from cgraph.collective.cpu_layout import Links
-from cgraph.comm import algorithms, cost_model
-from cgraph.comm.algorithms.partition import Bounds
+from cgraph.collective.tuner import Tuner
+from cgraph.comm import algorithms
 from cgraph.comm.cost_model import CostParams
 from cgraph.comm.framed_transport import FramedTransport
 from cgraph.comm.teams import Team, TeamTransport
@@ -87,9 +87,7 @@ class CpuComm:
                  world_size: int) -> None:
         self._mesh, self._team_t, self._context = mesh, transport, context
         self.rank, self.world_size = rank, world_size
-        self.calibration: autotune.Calibration | None = None
-        self._tuned = False
-        self._arms: dict[int, autotune.Arm] | None = {}  # size class -> its arm; None: model only
+        self._tuner: Tuner | None = None  # "auto"'s state, made on first use (``tuner``)
 
     @property
     def _t(self) -> Transport:
@@ -105,13 +103,11 @@ class CpuComm:
     # ------------------------------------------------------------------ calls
     def allreduce(self, arr: np.ndarray, op: ReduceOp, algorithm: str) -> None:
         if algorithm == "auto":
-            arm = self._arm(arr.nbytes)
+            arm = self.tuner.arm(arr.nbytes)
             if arm is not None and arm.due():
-                with self._call(f"allreduce {_desc(arr)} {op.value} auto probe "
-                                f"{arm.incumbent} {arm.challenger}"):
-                    autotune.probe(self._t, arm, arr, op)
+                self.tuner.probe(arm, arr, op)
                 return
-            name = self.choose(arr.nbytes) if arm is None else arm.incumbent
+            name = self.tuner.choose(arr.nbytes)
         else:
             name = algorithm
         if name not in algorithms.ALGORITHMS:
@@ -136,17 +132,16 @@ class CpuComm:
         whole = np.empty(n * p, dtype=arr.dtype)
         whole[self.rank * n : (self.rank + 1) * n] = arr.reshape(-1)
         with self._call(f"allgather {_desc(arr)} {name}"):
-            algorithms.allgather(self._t, whole, _even(n, p), algorithm=name)
+            algorithms.allgather(self._t, whole, algorithm=name)
         for r, out in enumerate(outs):
             out.reshape(-1)[:] = whole[r * n : (r + 1) * n]
 
     def reducescatter(self, out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp,
                       algorithm: str = "auto") -> None:
-        n = out.size
         name = self._gather_scatter("reducescatter", algorithm)
         whole = np.concatenate([part.reshape(-1) for part in parts]).astype(out.dtype, copy=False)
         with self._call(f"reducescatter {_desc(out)} {op.value} {name}"):
-            mine = algorithms.reducescatter(self._t, whole, op, _even(n, self.world_size), algorithm=name)
+            mine = algorithms.reducescatter(self._t, whole, op, algorithm=name)
         out.reshape(-1)[:] = mine
 
     def _gather_scatter(self, kind: str, algorithm: str) -> str:
@@ -179,52 +174,42 @@ class CpuComm:
 
     # ------------------------------------------------------------------ auto
     @property
+    def tuner(self) -> Tuner:
+        """This group's ``auto`` (``collective.tuner``), over its links."""
+        if self._tuner is None:
+            with self._call("settling the node layout"):
+                transport = self._t
+            self._tuner = Tuner(transport, guard=self._guarded)
+        return self._tuner
+
+    @property
+    def calibration(self) -> autotune.Calibration | None:
+        return self.tuner.calibration
+
+    @property
     def params(self) -> CostParams | None:
         """The fitted cost-model parameters (None before the first "auto" or ``tune``)."""
-        return None if self.calibration is None else self.calibration.params
+        return self.tuner.params
 
     def choose(self, nbytes: int) -> str:
         """The algorithm ``auto`` runs for ``nbytes`` now (measures and fits on first use)."""
-        arm = self._arm(nbytes)
-        if arm is not None:
-            return arm.incumbent
-        if self.calibration is None:
-            return autotune.FALLBACK
-        return self.calibration.choose(nbytes)
+        return self.tuner.choose(nbytes)
 
     def measured(self, nbytes: int) -> str | None:
         """What the trial and the probes of ``nbytes``'s size class found (None: no trial yet)."""
-        arm = None if self._arms is None else self._arms.get(_size_class(nbytes))
-        return None if arm is None else arm.describe()
+        return self.tuner.measured(nbytes)
 
-    def _arm(self, nbytes: int) -> autotune.Arm | None:
-        """The size class's trial-settled arm; None where the model alone decides."""
-        if not self._tuned and self.world_size > 1:
-            self.tune()
-        if self.calibration is None or self._arms is None or nbytes < autotune.TRIAL_MIN_BYTES:
-            return None
-        size_class = _size_class(nbytes)
-        if size_class not in self._arms:
-            with self._call("autotune trial"):
-                self._arms[size_class] = autotune.trial_arm(self._t, self.calibration, nbytes)
-        return self._arms[size_class]
-
-    def tune(self, sizes: Sequence[int] = autotune.FIT_BYTES, repeats: int = autotune.REPEATS) -> None:
+    def tune(self, sizes: Sequence[int] | None = None, repeats: int | None = None) -> None:
         """Measure this group's transport and calibrate the cost model (every rank must call)."""
-        with self._call("autotune"):
-            self.calibration = autotune.calibrate(self._t, sizes, repeats)
-        self._tuned = True
+        self.tuner.tune(sizes, repeats)
 
     def set_params(self, params: CostParams | None) -> None:
         """Use ``params`` (uncalibrated) for ``auto`` instead of measuring; same on every rank!"""
-        if params is None:
-            self.calibration, self._tuned, self._arms = None, False, {}
-            return
-        self._arms = None  # the user's parameters decide: no measured trials
-        rpn = autotune.ranks_per_node(self._t)
-        ratios: dict[str, tuple[float, ...]] = {a: (1.0,) for a in cost_model.candidates(rpn)}
-        self.calibration = autotune.Calibration(self.world_size, rpn, params, (1,), ratios)
-        self._tuned = True
+        self.tuner.set_params(params)
+
+    def _guarded(self, what: str, work: Callable[[], Any]) -> Any:
+        with self._call(what):
+            return work()
 
     # ------------------------------------------------------------------ teams, lifetime
     def split(self, team: Team) -> CpuComm:
@@ -233,8 +218,7 @@ class CpuComm:
             parent = self._t
         child = CpuComm(self._mesh, TeamTransport(parent, team), context, team.team_rank(self.rank),
                         team.size)
-        if team.size == self.world_size:  # same ranks, same links: same calibration
-            child.calibration, child._tuned = self.calibration, self._tuned
+        child.tuner.inherit(self.tuner)  # same ranks, same links: same calibration
         return child
 
     def destroy(self) -> None:
@@ -281,14 +265,5 @@ def connect(membership: Any, hooks: Hooks) -> CpuComm:
     return CpuComm(mesh, None, spec.name, membership.rank, spec.world_size)
 
 
-def _size_class(nbytes: int) -> int:
-    """One trial (and one ``Arm``) per power of two of the message size."""
-    return max(nbytes - 1, 1).bit_length()
-
-
 def _desc(arr: np.ndarray) -> str:
     return f"{arr.dtype}{tuple(arr.shape)}"
-
-
-def _even(n: int, p: int) -> Bounds:
-    return tuple((r * n, (r + 1) * n) for r in range(p))

@@ -16,11 +16,19 @@ team member splits. The backend's own collectives do the work, except an
 allreduce given one of cgraph's algorithms (``algorithm="ring"``,
 ``"reduction_server"``, ...): that runs over the process group's send/recv
 (``comm.pg_transport``), with the ranks' Ray nodes as the node layout, so the
-reduction server's hierarchy follows the real nodes. "auto" and "native" are
-the backend's own allreduce. Before each call the ranks compare signatures
-(dtype, shape, op, root or algorithm; ``signatures``), because gloo kills the
-process on a size mismatch. Failures of the backend (a timeout, a dead peer)
-become ``CollectiveTimeoutError`` / ``CollectiveError`` naming the group and rank.
+reduction server's hierarchy follows the real nodes. "native" is the backend's
+own allreduce; "auto" picks among it and cgraph's algorithms as on the "cpu"
+backend (``tuner.Tuner``: calibrated on the group's first "auto" call, with
+"native" one more candidate, modelled as ring times its measured ratio)::
+
+    auto, 4 ranks on 2 nodes:  measure every candidate at FIT_BYTES, "native" too
+                               + ranks (0 1) inside a node, (0 2) across: alpha_inter, beta_inter
+    later auto calls           the same pick on every rank, no messages (trials, probes aside)
+
+Before each call the ranks compare signatures (dtype, shape, op, root or
+algorithm; ``signatures``), because gloo kills the process on a size mismatch.
+Failures of the backend (a timeout, a dead peer) become
+``CollectiveTimeoutError`` / ``CollectiveError`` naming the group and rank.
 """
 
 from __future__ import annotations
@@ -29,10 +37,15 @@ import datetime
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
+
 from cgraph.collective import signatures
+from cgraph.collective.autotune import Calibration
 from cgraph.collective.backends import Hooks
 from cgraph.collective.tensor_views import working
+from cgraph.collective.tuner import Tuner
 from cgraph.comm import algorithms
+from cgraph.comm.cost_model import CostParams
 from cgraph.comm.pg_transport import ProcessGroupTransport
 from cgraph.comm.process_group import process_group
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
@@ -45,9 +58,20 @@ from cgraph.errors import (
     CollectiveTimeoutError,
 )
 
-NATIVE = ("auto", "native")
-"""The ``algorithm`` values that run the backend's own allreduce; any name of
-``cgraph.comm.algorithms.ALGORITHMS`` runs cgraph's over the process group."""
+NATIVE = "native"
+"""The ``algorithm`` that runs the backend's own allreduce, and its name among "auto"'s
+candidates; any name of ``cgraph.comm.algorithms.ALGORITHMS`` runs cgraph's over the
+process group."""
+AUTO_CODE = len(signatures.ALLREDUCE_ALGORITHMS)
+""""auto"'s code in an allreduce signature (cgraph's algorithms have 0.., "native" -1), so
+that a rank calling "auto" and one naming the algorithm it would pick still mismatch."""
+FIT_BYTES: tuple[int, ...] = (64 << 10, 2 << 20)
+"""What "auto" measures on these backends, ``FIT_REPEATS`` times at the larger size (and
+2 * FIT_REPEATS + 1 at the smaller): every message of every candidate crosses a socket, and
+on 2 cores that took 1.2 s for 4 ranks and 4 s for 8 (the "cpu" backend's three sizes up
+to 32 MiB and 3 repeats: 6 s for 4). The model's terms carry the size beyond 2 MiB, the
+ratio there holds, and each size class's trial settles close calls at its own size."""
+FIT_REPEATS = 2
 
 
 class TorchComm:
@@ -69,28 +93,75 @@ class TorchComm:
         self.rank, self.world_size = self.process_group.rank(), self.process_group.size()
         self.nodes = nodes
         self._broken: str | None = None
-        self._transport: ProcessGroupTransport | None = None  # made by the first algorithm call
+        self._transport = ProcessGroupTransport(self.process_group, nodes, device)
+        self.tuner = Tuner(self._transport, {NATIVE: self._native}, self._guard, FIT_BYTES,
+                           FIT_REPEATS)
 
     def allreduce(self, tensor: Any, op: ReduceOp, algorithm: str) -> None:
-        if algorithm not in NATIVE:
-            self._allreduce_with(tensor, op, algorithm)
+        if algorithm not in ("auto", NATIVE, *algorithms.ALGORITHMS):
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
+                             f"{['auto', NATIVE, *sorted(algorithms.ALGORITHMS)]}")
+        self._agree(signatures.encode("allreduce", tensor, op, _code(algorithm)))
+        if algorithm != "auto":
+            self._run(tensor, op, algorithm)
             return
-        self._agree(signatures.encode("allreduce", tensor, op))
+        nbytes = tensor.numel() * tensor.element_size()
+        arm = self.tuner.arm(nbytes)
+        if arm is not None and arm.due():  # now and then: the runner-up on a copy, timed
+            with working(tensor, "numpy") as arr:
+                self.tuner.probe(arm, arr, op)
+            return
+        self._run(tensor, op, self.tuner.choose(nbytes))
+
+    def _run(self, tensor: Any, op: ReduceOp, name: str) -> None:
+        """The backend's own allreduce on ``tensor``, or cgraph's ``name`` over the process group."""
+        if name == NATIVE:
+            options = _dist().AllreduceOptions()
+            options.reduceOp = _torch_op(op)
+            self._wait("allreduce", lambda pg: pg.allreduce([tensor], options))
+            return
+        with working(tensor, "numpy") as arr:
+            self._guard("allreduce", lambda: algorithms.allreduce(self._transport, arr, op, name))
+
+    def _native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        """The backend's own allreduce of a numpy buffer: "native" as ``autotune`` times it
+        (inside the tuner's guard; on NCCL through a device copy, as cgraph's messages go)."""
+        import torch
+
+        host = torch.from_numpy(buf)
+        tensor = host if self._device == "cpu" else host.to(self._device)
         options = _dist().AllreduceOptions()
         options.reduceOp = _torch_op(op)
-        self._wait("allreduce", lambda pg: pg.allreduce([tensor], options))
+        self.process_group.allreduce([tensor], options).wait()
+        if tensor is not host:
+            host.copy_(tensor.cpu())
 
-    def _allreduce_with(self, tensor: Any, op: ReduceOp, algorithm: str) -> None:
-        """cgraph's ``algorithm`` over this process group (``ProcessGroupTransport``)."""
-        if algorithm not in algorithms.ALGORITHMS:
-            raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
-                             f"{[*NATIVE, *sorted(algorithms.ALGORITHMS)]}")
-        self._agree(signatures.encode("allreduce", tensor, op, signatures.algorithm_code(algorithm)))
-        if self._transport is None:
-            self._transport = ProcessGroupTransport(self.process_group, self.nodes, self._device)
-        transport = self._transport
-        with working(tensor, "numpy") as arr:
-            self._guard("allreduce", lambda: algorithms.allreduce(transport, arr, op, algorithm))
+    # ------------------------------------------------------------------ auto (``tuning``)
+    @property
+    def calibration(self) -> Calibration | None:
+        """The group's fitted model (None before the first "auto" or ``tune``)."""
+        return self.tuner.calibration
+
+    @property
+    def params(self) -> CostParams | None:
+        """The fitted cost-model parameters (None before the first "auto" or ``tune``)."""
+        return self.tuner.params
+
+    def choose(self, nbytes: int) -> str:
+        """What "auto" runs for ``nbytes`` now; measures (every rank calls) on first use."""
+        return self.tuner.choose(nbytes)
+
+    def measured(self, nbytes: int) -> str | None:
+        """What the trial and the probes of ``nbytes``'s size class found (None: no trial yet)."""
+        return self.tuner.measured(nbytes)
+
+    def tune(self, sizes: Sequence[int] | None = None, repeats: int | None = None) -> None:
+        """Measure this group (every rank calls) and calibrate the cost model."""
+        self.tuner.tune(sizes, repeats)
+
+    def set_params(self, params: CostParams | None) -> None:
+        """Use ``params`` for "auto" instead of measuring (the same on every rank!)."""
+        self.tuner.set_params(params)
 
     def reduce(self, tensor: Any, dst: int, op: ReduceOp) -> None:
         self._agree(signatures.encode("reduce", tensor, op, dst))
@@ -106,24 +177,39 @@ class TorchComm:
         options.rootRank = src
         self._wait("broadcast", lambda pg: pg.broadcast([tensor], options))
 
-    def allgather(self, outs: Sequence[Any], tensor: Any) -> None:
-        self._agree(signatures.encode("allgather", tensor))
+    def allgather(self, outs: Sequence[Any], tensor: Any, algorithm: str = "auto") -> None:
+        self._agree(signatures.encode("allgather", tensor, None, _gather_code("allgather", algorithm)))
+        if algorithm not in ("auto", NATIVE):  # cgraph's over the process group
+            n, p = tensor.numel(), self.world_size
+            with working(tensor, "numpy", write=False) as mine:
+                whole = np.empty(n * p, dtype=mine.dtype)
+                whole[self.rank * n : (self.rank + 1) * n] = mine.reshape(-1)
+            self._guard("allgather", lambda: algorithms.allgather(
+                self._transport, whole, algorithm=algorithm))
+            for r, out in enumerate(outs):
+                with working(out, "numpy") as view:
+                    view.reshape(-1)[:] = whole[r * n : (r + 1) * n]
+            return
         if tensor.is_complex():  # gloo gathers no complex type: gather their real views
             import torch
 
             tensor, outs = torch.view_as_real(tensor), [torch.view_as_real(o) for o in outs]
         self._wait("allgather", lambda pg: pg.allgather([list(outs)], [tensor]))
 
-    def reducescatter(self, out: Any, parts: Sequence[Any], op: ReduceOp) -> None:
+    def reducescatter(self, out: Any, parts: Sequence[Any], op: ReduceOp, algorithm: str = "auto") -> None:
         import torch
 
-        # Gloo has no reduce_scatter: allreduce the concatenation, keep this rank's part.
-        self._agree(signatures.encode("reducescatter", out, op))
+        self._agree(signatures.encode("reducescatter", out, op, _gather_code("reducescatter", algorithm)))
         whole = torch.cat([part.reshape(-1) for part in parts])
-        options = _dist().AllreduceOptions()
-        options.reduceOp = _torch_op(op)
-        self._wait("reducescatter", lambda pg: pg.allreduce([whole], options))
         n = out.numel()
+        if algorithm not in ("auto", NATIVE):  # cgraph's over the process group
+            with working(whole, "numpy") as arr:
+                self._guard("reducescatter", lambda: algorithms.reducescatter(
+                    self._transport, arr, op, algorithm=algorithm))
+        else:  # Gloo has no reduce_scatter: allreduce the concatenation, keep this rank's part.
+            options = _dist().AllreduceOptions()
+            options.reduceOp = _torch_op(op)
+            self._wait("reducescatter", lambda pg: pg.allreduce([whole], options))
         out.copy_(whole[self.rank * n : (self.rank + 1) * n].reshape(out.shape))
 
     def send(self, tensor: Any, dst: int) -> None:
@@ -153,7 +239,9 @@ class TorchComm:
     def split(self, team: Team) -> TorchComm:
         members = Team(tuple(self._members.ranks[r] for r in team.ranks))  # group ranks
         nodes = tuple(self.nodes[r] for r in team.ranks)
-        return TorchComm(self._make, self._name, members, nodes, self._device)
+        child = TorchComm(self._make, self._name, members, nodes, self._device)
+        child.tuner.inherit(self.tuner)
+        return child
 
     def destroy(self) -> None:
         shutdown = getattr(self.process_group, "shutdown", None)
@@ -173,7 +261,7 @@ class TorchComm:
         rows = [[int(x) for x in g.tolist()] for g in gathered]
         if all(row == rows[0] for row in rows):
             return
-        calls = "; ".join(f"rank {r}: {signatures.describe(row)}" for r, row in enumerate(rows))
+        calls = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
         raise self._mismatch(f"the ranks entered different calls ({calls})")
 
     def _mismatch(self, detail: str) -> CollectiveMismatchError:
@@ -190,15 +278,15 @@ class TorchComm:
     def _wait(self, what: str, start: Callable[[Any], Any]) -> None:
         self._guard(what, lambda: start(self.process_group).wait())
 
-    def _guard(self, what: str, call: Callable[[], Any]) -> None:
-        """Run ``call``; a failure inside torch breaks the group (later calls say so)."""
+    def _guard(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``; a failure inside torch breaks the group (later calls say so)."""
         if self._broken is not None:
             raise CollectiveGroupError(
                 f"group {self._name!r}, rank {self.rank}: the process group broke on an earlier "
                 f"error ({self._broken}); destroy_collective_group({self._name!r}) on every rank "
                 "and create it again", self._name, self.rank)
         try:
-            call()
+            return call()
         except RuntimeError as exc:
             text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             timed_out = "timed out" in text.lower() or "timeout" in text.lower()
@@ -219,6 +307,31 @@ class TorchComm:
 
 def _text(header: Any) -> str:
     return signatures.describe(header.tolist())
+
+
+def _gather_code(kind: str, algorithm: str) -> int:
+    """A reducescatter's or allgather's algorithm field: -1 the backend's own, else its index."""
+    table = algorithms.REDUCESCATTER_ALGORITHMS if kind == "reducescatter" else algorithms.ALLGATHER_ALGORITHMS
+    if algorithm in ("auto", NATIVE):
+        return -1
+    if algorithm not in table:
+        raise ValueError(f"unknown {kind} algorithm {algorithm!r}; choose one of "
+                         f"{['auto', NATIVE, *sorted(table)]}")
+    return sorted(table).index(algorithm)
+
+
+def _code(algorithm: str) -> int:
+    """An allreduce's algorithm field in its signature (see ``AUTO_CODE``)."""
+    if algorithm in ("auto", NATIVE):
+        return AUTO_CODE if algorithm == "auto" else -1
+    return signatures.algorithm_code(algorithm)
+
+
+def _describe(row: list[int]) -> str:
+    """``signatures.describe``, naming "auto" and "native" (this backend's codes)."""
+    if row[0] != signatures.KINDS.index("allreduce") or row[2] not in (-1, AUTO_CODE):
+        return signatures.describe(row)
+    return f"{signatures.describe([*row[:2], -1, *row[3:]])} {'auto' if row[2] == AUTO_CODE else NATIVE}"
 
 
 def connect(membership: Any, hooks: Hooks) -> TorchComm:

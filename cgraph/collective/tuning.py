@@ -1,6 +1,6 @@
 """The cost model behind ``allreduce(..., algorithm="auto")``, as the user sees it.
 
-``tune`` measures a "cpu" group's transport and calibrates the model;
+``tune`` measures a group's transport (any backend) and calibrates the model;
 ``choose_algorithm`` says what ``auto`` runs for a size; ``explain`` prints every
 algorithm's predicted cost (docs/collective.md); ``get_cost_params`` and
 ``set_cost_params`` read and set the fitted parameters.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cgraph.collective import autotune, groups
-from cgraph.collective.arguments import cpu_comm
+from cgraph.collective.arguments import tuned_comm
 from cgraph.comm import cost_model
 from cgraph.comm.cost_model import CostParams
 
@@ -23,7 +23,7 @@ def explain(world_size: int, nbytes: int, group_name: str | None = None,
             params: CostParams | None = None, ranks_per_node: int | None = None) -> str:
     """Every allreduce algorithm's predicted cost, as a table to print.
 
-    With ``group_name`` (a calibrated "cpu" group of this process, after its first
+    With ``group_name`` (a calibrated group of this process, after its first
     ``algorithm="auto"`` call or ``tune``) and no ``params``: the group's fitted
     parameters, each algorithm's measured/model ratio and the calibrated time
     "auto" compares, plus what the size class's trial and probes measured (the
@@ -49,7 +49,7 @@ def explain(world_size: int, nbytes: int, group_name: str | None = None,
     if params is None and group_name is not None:
         comm = groups.lookup(group_name).comm
         calibration = getattr(comm, "calibration", None)
-        measured = getattr(comm, "measured", None)  # the cpu backend's trial and probes
+        measured = getattr(comm, "measured", None)  # the trial's and probes' findings
     if calibration is not None and calibration.world_size == world_size:
         line = measured(nbytes) if measured is not None else None
         return str(calibration.explain(nbytes)) + (f"\n{line}" if line else "")
@@ -68,16 +68,16 @@ def choose_algorithm(nbytes: int, group_name: str = "default") -> str:
 
     Args:
         nbytes: the message size.
-        group_name: a "cpu" group.
+        group_name: a group ("cpu", "gloo" or "nccl").
 
     Returns:
         The algorithm's name.
 
     Raises:
         CollectiveGroupError: an unknown group.
-        ValueError: the group's backend is not "cpu".
+        ValueError: the group has no cost model (a team of a user communicator).
     """
-    return cpu_comm(group_name, "choose_algorithm").choose(int(nbytes))
+    return tuned_comm(group_name, "choose_algorithm").choose(int(nbytes))
 
 
 def get_cost_params(group_name: str = "default") -> CostParams | None:
@@ -101,13 +101,13 @@ def set_cost_params(params: CostParams | None, group_name: str = "default") -> N
 
     Args:
         params: the parameters, or None to measure again on the next "auto" call.
-        group_name: a "cpu" group.
+        group_name: a group ("cpu", "gloo" or "nccl").
 
     Raises:
         CollectiveGroupError: an unknown group.
-        ValueError: the group's backend is not "cpu".
+        ValueError: the group has no cost model (a team of a user communicator).
     """
-    cpu_comm(group_name, "set_cost_params").set_params(params)
+    tuned_comm(group_name, "set_cost_params").set_params(params)
 
 
 def tune(group_name: str = "default", sizes: Sequence[int] | None = None,
@@ -115,19 +115,19 @@ def tune(group_name: str = "default", sizes: Sequence[int] | None = None,
     """Measure the group's transport and calibrate the cost model now (every rank must call).
 
     Args:
-        group_name: a "cpu" group.
+        group_name: a group ("cpu", "gloo" or "nccl").
         sizes: message sizes in bytes to measure (default 256 KiB, 4 MiB, 32 MiB).
         repeats: timed calls per algorithm and size.
 
     Raises:
         CollectiveGroupError: an unknown group.
-        ValueError: the group's backend is not "cpu".
+        ValueError: the group has no cost model (a team of a user communicator).
 
     Returns:
         The group's ``Calibration`` (shared ``params`` plus per-algorithm ratios;
         ``predict(algorithm, nbytes)``, ``choose(nbytes)``, ``explain(nbytes)``),
         or None for a one-rank group.
     """
-    comm = cpu_comm(group_name, "tune")
+    comm = tuned_comm(group_name, "tune")
     comm.tune(**({"sizes": tuple(sizes)} if sizes else {}), repeats=repeats)
     return comm.calibration

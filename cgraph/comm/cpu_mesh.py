@@ -270,7 +270,7 @@ class CpuCommunicator(Communicator):
         whole = torch.empty(p * n, dtype=tensor.dtype)
         whole[self.rank * n : (self.rank + 1) * n] = tensor.detach().reshape(-1).cpu()
         with NumpyView(whole) as flat:
-            algorithms.allgather(self._transport, flat, _even(n, p))
+            algorithms.allgather(self._transport, flat)
         for r, part in enumerate(out):
             part.copy_(whole[r * n : (r + 1) * n].reshape(part.shape))
 
@@ -279,10 +279,10 @@ class CpuCommunicator(Communicator):
     ) -> None:
         import torch
 
-        n, p = out.numel(), self.world_size
+        p = self.world_size
         whole = torch.cat([c.detach().reshape(-1).cpu() for c in split_chunks(out, tensors, p)])
         with NumpyView(whole) as flat:
-            mine = algorithms.reducescatter(self._transport, flat, as_reduce_op(op), _even(n, p))
+            mine = algorithms.reducescatter(self._transport, flat, as_reduce_op(op))
             result = torch.from_numpy(mine.copy())
         out.copy_(result.reshape(out.shape).to(out.dtype))
 
@@ -300,10 +300,6 @@ class CpuCommunicator(Communicator):
         if not self._closed:
             self._closed = True
             self._transport.detach()
-
-
-def _even(n: int, p: int) -> tuple[tuple[int, int], ...]:
-    return tuple((r * n, (r + 1) * n) for r in range(p))
 
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:

@@ -27,10 +27,11 @@ One call at a time per mesh: the tag is set by ``calling(tag)`` around a call.
 A group that spans nodes has shared-memory ends only for the peers on this
 rank's node; every other peer is reached through ``remote``
 (``comm.socket_links``: a TCP connection per pair), whose messages carry a
-fingerprint of the tag instead of the tag, and are just as buffered::
+fingerprint of the tag instead of the tag::
 
     ends.out[j] is a link     j on this node: the shared-memory link
-    ends.out[j] is None       j on another node: remote.send(fingerprint, buf, j)
+    ends.out[j] is None       j on another node: remote.send(fingerprint, buf, j);
+                              an exchange posts the send, receives, then waits for it
 """
 
 from __future__ import annotations
@@ -105,9 +106,6 @@ class FramedTransport:
         self._fingerprint = _fingerprint(tag)
         try:
             yield
-            if self._remote is not None:
-                with self._mapped("send to", -1):
-                    self._remote.flush()  # errors of this call's sends surface in it
         finally:
             self._tag, self._fingerprint = previous, _fingerprint(previous)
 
@@ -146,8 +144,24 @@ class FramedTransport:
             reader.release()
 
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int) -> None:
-        self.send(sendbuf, dst)  # buffered: returns before the peer reads
+        remote_dst = self._end(self._out, dst) is None
+        remote_src = self._end(self._inp, src) is None
+        if not remote_dst:
+            self.send(sendbuf, dst)  # buffered: returns before the peer reads
+            self.recv(recvbuf, src)
+            return
+        remote = self._remote
+        assert remote is not None
+        if remote_src:
+            with self._mapped("exchange with", src):
+                if not remote.exchange(self._fingerprint, sendbuf, dst, recvbuf, src):
+                    raise self._mismatch(src, "a message of another call, or of another size", "")
+            return
+        with self._mapped("send to", dst):  # the socket's rest leaves while this receives
+            remote.post(self._fingerprint, sendbuf, dst)
         self.recv(recvbuf, src)
+        with self._mapped("send to", dst):
+            remote.wait_sent(dst)
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

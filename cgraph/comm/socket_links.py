@@ -6,11 +6,16 @@ TCP connection. ``FramedTransport`` routes every peer without a shared-memory
 end here and keeps its semantics::
 
     message = header (16 bytes: fingerprint of the call | payload length) + payload
-    send    tries the whole message at once without blocking (MSG_DONTWAIT); what the
-            kernel did not take goes to the pair's sender thread, from a copy, so the
-            caller may reuse buf at once (buffered, like a link)
+    post    tries the whole message at once without blocking (MSG_DONTWAIT); what the
+            kernel did not take goes to the pair's sender thread as a view of buf
     recv    reads the header in the caller's thread, refuses a message of another
             call or length, then reads the payload straight into buf
+    exchange  both peers on other nodes: one poll loop in the caller's thread sends and
+              receives whichever the kernel is ready for (no deadlock, no copy, no thread)
+    post + recv + wait_sent   the send's peer elsewhere, the receive's on this node: the
+              sender thread writes the rest of the send while the caller receives
+    send      sendall in the caller's thread: returns once the kernel has the message
+              (rendezvous at worst, which every algorithm is tested under)
 
 Why not gloo's pairs: every gloo message wakes a gloo thread on each side; on a
 busy host that cost ~1.8 ms per message against ~30 us for a socket read in the
@@ -32,7 +37,7 @@ Errors are the channel's: no data within the group's timeout gives
 from __future__ import annotations
 
 import contextlib
-import queue
+import select
 import socket
 import threading
 import time
@@ -45,8 +50,7 @@ from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
 HEADER = 16
 """Bytes of a message's header: fingerprint (8) and payload length (8)."""
-SLOTS = 2
-"""Messages per peer handed to its sender thread before ``send`` waits (the links' ``LINK_SLOTS``)."""
+
 
 
 class SocketLinks:
@@ -59,23 +63,80 @@ class SocketLinks:
         for sock in socks.values():
             sock.settimeout(timeout)
 
-    def send(self, fingerprint: bytes, buf: np.ndarray, dst: int) -> None:
+    def post(self, fingerprint: bytes, buf: np.ndarray, dst: int) -> None:
+        """Start sending ``buf`` to ``dst``; ``buf`` must stay unchanged until ``wait_sent(dst)``.
+
+        The whole message goes at once when the kernel takes it (MSG_DONTWAIT); what
+        it did not take goes to the pair's sender thread, as a view of ``buf``.
+        """
         raw = _raw(buf)
         header = fingerprint + raw.size.to_bytes(8, "little")
-        sender, sock = self._senders[dst], self._socks[dst]
-        sender.check()
-        sent = 0
-        if sender.idle():  # nothing queued before it: try it at once, without blocking
+        sender = self._senders[dst]
+        sender.wait(self._timeout)  # the pair's previous message has left
+        try:
+            sent = self._socks[dst].sendmsg([header, raw], [], socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            raise ChannelClosedError(f"send to rank {dst}: {exc}") from exc
+        if sent < HEADER:
+            sender.start([memoryview(header)[sent:], memoryview(raw)])
+        elif sent < HEADER + raw.size:
+            sender.start([memoryview(raw)[sent - HEADER :]])
+
+    def wait_sent(self, dst: int) -> None:
+        """Wait until everything posted to ``dst`` has left (the kernel has it)."""
+        self._senders[dst].wait(self._timeout)
+
+    def send(self, fingerprint: bytes, buf: np.ndarray, dst: int) -> None:
+        """Send ``buf`` to ``dst`` from this thread, returning once the kernel has all of it."""
+        raw = _raw(buf)
+        self._senders[dst].wait(self._timeout)
+        try:
+            _send_parts(self._socks[dst], [fingerprint + raw.size.to_bytes(8, "little"), raw])
+        except TimeoutError:
+            raise ChannelTimeoutError(f"send to rank {dst}: it read nothing for {self._timeout:g} s") from None
+        except OSError as exc:
+            raise ChannelClosedError(f"send to rank {dst}: {exc}") from exc
+
+    def exchange(self, fingerprint: bytes, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray,
+                 src: int) -> bool:
+        """Send to ``dst`` and receive from ``src``, both on other nodes, in this thread: one
+        poll loop moves whichever side the kernel is ready for (no thread, no deadlock).
+
+        Returns:
+            False when the received message belongs to another call or has another length.
+        """
+        raw_in = _raw(recvbuf)
+        out = _Progress([fingerprint + _raw(sendbuf).size.to_bytes(8, "little"), _raw(sendbuf)])
+        into = _Incoming(fingerprint, raw_in)
+        dst_sock, src_sock = self._socks[dst], self._socks[src]
+        self._senders[dst].wait(self._timeout)
+        poller = select.poll()
+        deadline = time.monotonic() + self._timeout
+        while not (out.done and into.done):
+            events: dict[int, int] = {}
+            if not out.done:
+                events[dst_sock.fileno()] = select.POLLOUT
+            if not into.done:
+                events[src_sock.fileno()] = events.get(src_sock.fileno(), 0) | select.POLLIN
+            for fd, mask in events.items():
+                poller.register(fd, mask)
+            left = deadline - time.monotonic()
+            ready = dict(poller.poll(max(left, 0) * 1000)) if left > 0 else {}
+            for fd in events:
+                poller.unregister(fd)
+            if not ready:
+                raise ChannelTimeoutError(f"exchange with rank {src}: nothing for {self._timeout:g} s")
             try:
-                sent = sock.sendmsg([header, raw], [], socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
+                if not out.done and ready.get(dst_sock.fileno(), 0) & (select.POLLOUT | select.POLLERR | select.POLLHUP):
+                    out.advance(dst_sock)
+                if not into.done and ready.get(src_sock.fileno(), 0) & (select.POLLIN | select.POLLERR | select.POLLHUP):
+                    if not into.advance(src_sock):
+                        return False
             except OSError as exc:
-                raise ChannelClosedError(f"send to rank {dst}: {exc}") from exc
-        if sent < HEADER + raw.size:
-            rest = (header[sent:] + raw[max(sent - HEADER, 0):].tobytes()) if sent < HEADER \
-                else raw[sent - HEADER:].tobytes()
-            sender.put(rest, self._timeout)
+                raise ChannelClosedError(f"exchange with ranks {dst} and {src}: {exc}") from exc
+        return True
 
     def recv(self, fingerprint: bytes, buf: np.ndarray, src: int) -> bool:
         """Receive the next message from ``src`` into ``buf``.
@@ -91,11 +152,6 @@ class SocketLinks:
             return False
         self._read(memoryview(raw), src)
         return True
-
-    def flush(self) -> None:
-        """Wait until every message sent so far has left (the end of a call)."""
-        for sender in self._senders.values():
-            sender.drain(self._timeout)
 
     def close(self) -> None:
         """Shut every connection down: peers blocked on them wake with an error."""
@@ -125,53 +181,52 @@ class SocketLinks:
 
 
 class _Sender:
-    """A pair's sender thread: writes what ``send`` could not, in order."""
+    """A pair's sender thread: writes the rest of a posted message while the caller receives."""
 
     def __init__(self, sock: socket.socket, peer: int) -> None:
         self._sock, self._peer = sock, peer
-        self._queue: queue.Queue[bytes | None] = queue.Queue(SLOTS)
+        self._work: list[memoryview] | None = None
+        self._busy = False
+        self._stopped = False
         self._error: BaseException | None = None
+        self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"cgraph-link>{peer}", daemon=True)
         self._thread.start()
 
-    def idle(self) -> bool:
-        return self._queue.unfinished_tasks == 0
+    def start(self, parts: list[memoryview]) -> None:
+        with self._cv:
+            self._work, self._busy = parts, True
+            self._cv.notify_all()
 
-    def put(self, data: bytes, timeout: float) -> None:
-        try:
-            self._queue.put(data, timeout=timeout)
-        except queue.Full:
-            raise ChannelTimeoutError(f"send to rank {self._peer}: it read nothing for {timeout:g} s") from None
-
-    def drain(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self._queue.all_tasks_done:
-            while self._queue.unfinished_tasks and self._error is None:
-                if not self._queue.all_tasks_done.wait(max(deadline - time.monotonic(), 0)):
-                    raise ChannelTimeoutError(f"send to rank {self._peer}: it read nothing for {timeout:g} s")
-        self.check()
-
-    def check(self) -> None:
-        if self._error is not None:
-            raise ChannelClosedError(f"send to rank {self._peer}: {self._error}")
+    def wait(self, timeout: float) -> None:
+        """Until the current message has left; its error, if it failed."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: not self._busy, timeout):
+                raise ChannelTimeoutError(f"send to rank {self._peer}: it read nothing for {timeout:g} s")
+            if self._error is not None:
+                raise ChannelClosedError(f"send to rank {self._peer}: {self._error}")
 
     def stop(self) -> None:
-        """End the thread (after the socket's shutdown, so what is queued fails fast)."""
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=1.0)
+        """End the thread (after the socket's shutdown, so a message in flight fails fast)."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
 
     def _run(self) -> None:
         while True:
-            data = self._queue.get()
-            try:
-                if data is None:
+            with self._cv:
+                self._cv.wait_for(lambda: self._work is not None or self._stopped)
+                if self._stopped:
                     return
-                if self._error is None:
-                    self._sock.sendall(data)
+                parts, self._work = self._work, None
+            try:
+                for part in parts or ():
+                    self._sock.sendall(part)
             except OSError as exc:
                 self._error = exc
-            finally:
-                self._queue.task_done()
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
 
 
 # --------------------------------------------------------------------------- connecting
@@ -256,6 +311,67 @@ def _accept(listener: socket.socket, expected: set[int], secret: bytes, claim_pr
         except (handshake.AuthError, OSError) as exc:
             handshake.logger.warning("cpu group links: refused a connection: %s", exc)
             sock.close()
+
+
+class _Progress:
+    """What is left of a message being sent without blocking."""
+
+    def __init__(self, parts: list[bytes | np.ndarray]) -> None:
+        self._parts = [memoryview(p).cast("B") for p in parts if len(memoryview(p).cast("B"))]
+
+    @property
+    def done(self) -> bool:
+        return not self._parts
+
+    def advance(self, sock: socket.socket) -> None:
+        try:
+            sent = sock.sendmsg(self._parts, [], socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        while sent and self._parts:
+            head = self._parts[0]
+            if sent >= len(head):
+                sent -= len(head)
+                self._parts.pop(0)
+            else:
+                self._parts[0], sent = head[sent:], 0
+
+
+class _Incoming:
+    """A message being received without blocking: its header, then its payload in place."""
+
+    def __init__(self, fingerprint: bytes, raw: np.ndarray) -> None:
+        self._fingerprint, self._header, self._got = fingerprint, bytearray(HEADER), 0
+        self._payload = memoryview(raw).cast("B")
+        self.done = False
+
+    def advance(self, sock: socket.socket) -> bool:
+        """Read what is there; False on a message of another call or length."""
+        total = HEADER + len(self._payload)
+        try:
+            if self._got < HEADER:
+                view = memoryview(self._header)[self._got:]
+            else:
+                view = self._payload[self._got - HEADER:]
+            n = sock.recv_into(view, 0, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return True
+        if n == 0:
+            raise ConnectionResetError("it closed the connection")
+        self._got += n
+        if self._got == HEADER:
+            if (bytes(self._header[:8]) != self._fingerprint
+                    or int.from_bytes(self._header[8:], "little") != len(self._payload)):
+                return False
+        self.done = self._got == total
+        return True
+
+
+def _send_parts(sock: socket.socket, parts: list[bytes | np.ndarray]) -> None:
+    """``sendall`` of several buffers (the socket's timeout bounds each wait)."""
+    for part in parts:
+        if len(memoryview(part).cast("B")):
+            sock.sendall(part)
 
 
 def _raw(buf: np.ndarray) -> np.ndarray:

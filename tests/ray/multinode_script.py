@@ -241,6 +241,7 @@ def run_checks() -> None:
 
 ALGORITHMS = ("star", "chain", "tree", "butterfly", "ring", "reduction_server")
 SIZES = (0, 1, 7, 1 << 19)  # elements: 2 MiB of float32 at the end
+GATHER_SCATTER = ("ring", "hierarchical", "auto")
 
 
 def rank_input(rank: int, size: int) -> np.ndarray:
@@ -253,7 +254,7 @@ def every_collective(name: str, world: int, rank: int, backend: str) -> dict:
 
     import cgraph.collective as col
 
-    col.init_collective_group(world, rank, backend, name, timeout_s=30)
+    col.init_collective_group(world, rank, backend, name, timeout_s=20)
     wrong, calls = [], 0
     for size in SIZES:
         every = np.stack([rank_input(r, size) for r in range(world)])
@@ -266,17 +267,25 @@ def every_collective(name: str, world: int, rank: int, backend: str) -> dict:
                     calls += 1
                     if not np.allclose(x, want, rtol=1e-5, atol=1e-4):
                         wrong.append(f"allreduce {algorithm} {op} {size} {kind}")
-        if size % world == 0:  # reducescatter: rank r gets the sum of every rank's chunk r
-            out = torch.zeros(size // world)
-            col.reducescatter(out, list(torch.from_numpy(every[rank]).chunk(world)), name)
+        for algorithm in GATHER_SCATTER:
+            if size % world == 0:  # reducescatter: rank r gets the sum of every rank's chunk r
+                out = torch.zeros(size // world)
+                col.reducescatter(out, list(torch.from_numpy(every[rank]).chunk(world)), name,
+                                  algorithm=algorithm)
+                calls += 1
+                if not np.allclose(out.numpy(), every.reshape(world, world, -1)[:, rank].sum(0), atol=1e-4):
+                    wrong.append(f"reducescatter {algorithm} {size}")
+                chunk = np.zeros(size // world, dtype=np.float32)  # numpy in, MAX
+                col.reducescatter(chunk, [np.ascontiguousarray(c) for c in np.split(every[rank], world)],
+                                  name, op="max", algorithm=algorithm)
+                calls += 1
+                if not np.array_equal(chunk, every.reshape(world, world, -1)[:, rank].max(0)):
+                    wrong.append(f"reducescatter max numpy {algorithm} {size}")
+            parts = [torch.zeros(size) for _ in range(world)]
+            col.allgather(parts, torch.from_numpy(rank_input(rank, size)), name, algorithm=algorithm)
             calls += 1
-            if not np.allclose(out.numpy(), every.reshape(world, world, -1)[:, rank].sum(0), atol=1e-4):
-                wrong.append(f"reducescatter {size}")
-        parts = [torch.zeros(size) for _ in range(world)]
-        col.allgather(parts, torch.from_numpy(rank_input(rank, size)), name)
-        calls += 1
-        if not all(np.array_equal(p.numpy(), every[r]) for r, p in enumerate(parts)):
-            wrong.append(f"allgather {size}")
+            if not all(np.array_equal(p.numpy(), every[r]) for r, p in enumerate(parts)):
+                wrong.append(f"allgather {algorithm} {size}")
     return {"rank": rank, "node": ray.get_runtime_context().get_node_id(), "calls": calls, "wrong": wrong}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cgraph.collective import autotune
+from cgraph.collective import autotune, measurement
 from cgraph.comm import cost_model
 from cgraph.comm.transport import LocalTransport, run_ranks
 
@@ -60,18 +60,18 @@ def test_trial_skips_candidates_far_behind_the_model() -> None:
     ratios[names[0]] = (10.0,)  # the model puts this one far behind every other
     calibration = autotune.Calibration(4, 4, autotune.DEFAULT_PARAMS, (1,), ratios)
     timed: list[list[str]] = []
-    real = autotune._round_times
+    real = measurement.round_times
 
-    def spy(transport, names_, nbytes, repeats, warmup):  # type: ignore[no-untyped-def]
+    def spy(transport, names_, nbytes, repeats, warmup, own=None):  # type: ignore[no-untyped-def]
         timed.append(list(names_))
-        return real(transport, names_, nbytes, repeats, warmup)
+        return real(transport, names_, nbytes, repeats, warmup, own)
 
-    autotune._round_times = spy
+    measurement.round_times = spy
     try:
         run_ranks(LocalTransport.create(4),
                   lambda t: autotune.trial(t, calibration, 256 << 10, repeats=1))
     finally:
-        autotune._round_times = real
+        measurement.round_times = real
     assert timed and all(names[0] not in group for group in timed)
 
 
@@ -82,14 +82,14 @@ def test_overruling_the_model_takes_a_head_to_head(model_pick_faster: bool,
     ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, 1 << 20))
     calls: list[list[str]] = []
 
-    def fake(transport, names, nbytes, repeats, warmup):  # type: ignore[no-untyped-def]
+    def fake(transport, names, nbytes, repeats, warmup, own=None):  # type: ignore[no-untyped-def]
         calls.append(list(names))
         if len(calls) <= 2:  # the first trial (one call per rank): the last candidate looks fastest
             return np.array([[1.0] * (len(names) - 1) + [0.5]] * repeats)
         challenger = 0.9 if not model_pick_faster else 1.1
         return np.array([[1.0, challenger]] * repeats)
 
-    monkeypatch.setattr(autotune, "_round_times", fake)
+    monkeypatch.setattr(measurement, "round_times", fake)
     picks = run_ranks(LocalTransport.create(2),
                       lambda t: autotune.trial(t, calibration, 1 << 20, repeats=2))
     first, second = calls[0], calls[2]  # each rank times the same groups, first trial first
@@ -150,7 +150,7 @@ def test_an_arm_without_a_challenger_never_probes() -> None:
 
 
 def _slow(monkeypatch: pytest.MonkeyPatch, slow: str, seconds: float) -> None:
-    real = autotune.allreduce
+    real = measurement.allreduce
 
     def delayed(transport, buf, op, name):  # type: ignore[no-untyped-def]
         if name == slow:
@@ -158,7 +158,7 @@ def _slow(monkeypatch: pytest.MonkeyPatch, slow: str, seconds: float) -> None:
             time.sleep(seconds)
         return real(transport, buf, op, name)
 
-    monkeypatch.setattr(autotune, "allreduce", delayed)
+    monkeypatch.setattr(measurement, "allreduce", delayed)
 
 
 def _inputs(world_size: int, n: int) -> list[np.ndarray]:

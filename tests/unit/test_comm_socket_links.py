@@ -21,10 +21,9 @@ import numpy as np
 import pytest
 
 from cgraph.collective.cpu_layout import _global_ends
-from cgraph.comm import algorithms
+from cgraph.comm import algorithms, socket_links
 from cgraph.comm.cpu_mesh import create_links
 from cgraph.comm.framed_transport import FramedTransport
-from cgraph.comm import socket_links
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveGroupError, CollectiveMismatchError, CollectiveTimeoutError
 

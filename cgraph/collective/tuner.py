@@ -1,0 +1,120 @@
+"""A group's ``algorithm="auto"`` state: what each backend's communicator keeps for it.
+
+``autotune`` has the pieces (measure and fit, a size class's trial, its
+probes); a ``Tuner`` holds one group's results and applies them call by call,
+so a communicator only says how to run its own allreduce and how to wrap
+collective work in its error handling::
+
+    TorchComm (gloo)    Tuner(ProcessGroupTransport, own={"native": pg allreduce}, guard)
+    first auto call     tune: calibrate (every candidate, "native" too) -> Calibration
+    each auto call      arm(n): the size class's Arm (its trial on first use)
+                        arm.due() -> probe(arm, ...)   else run choose(n)
+
+The user's side of it (``tuning``: ``tune``, ``choose_algorithm``, ``explain``,
+``get_cost_params``, ``set_cost_params``) calls the communicator, which answers
+from its ``Tuner``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cgraph.collective.autotune import (
+    FALLBACK,
+    TRIAL_MIN_BYTES,
+    Arm,
+    Calibration,
+    calibrate,
+    probe,
+    size_class,
+    trial_arm,
+)
+from cgraph.collective.measurement import FIT_BYTES, REPEATS, Run, ranks_per_node
+from cgraph.comm import cost_model
+from cgraph.comm.cost_model import CostParams
+from cgraph.comm.transport import Transport
+from cgraph.comm.types import ReduceOp
+
+
+class Tuner:
+    """One group's ``auto``: its ``Calibration``, an ``Arm`` per size class, and the backend's
+    own allreduces (``own``), which compete with cgraph's algorithms.
+
+    Every rank holds the same state and changes it on the same call: the first
+    ``arm``, ``choose`` or ``tune`` measures and fits (``calibrate``), and the
+    first ``arm`` of a size class from ``TRIAL_MIN_BYTES`` runs its trial. Both
+    are collective; they run inside ``guard(what, work)``, the backend's error
+    handling, which returns ``work()``. The backend runs the pick itself (the
+    backend's own allreduce on its own tensor, where it has one).
+    """
+
+    def __init__(self, transport: Transport, own: Mapping[str, Run] | None = None,
+                 guard: Callable[[str, Callable[[], Any]], Any] | None = None,
+                 sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS) -> None:
+        self.transport, self.own = transport, dict(own or {})
+        self.sizes, self.repeats = tuple(sizes), repeats  # what ``tune`` measures by default
+        self._guard = guard or (lambda what, work: work())
+        self.calibration: Calibration | None = None
+        self.tuned = False
+        self.arms: dict[int, Arm] | None = {}  # size class -> its arm; None: the model alone
+
+    @property
+    def params(self) -> CostParams | None:
+        return None if self.calibration is None else self.calibration.params
+
+    def choose(self, nbytes: int) -> str:
+        """The candidate ``auto`` runs for ``nbytes`` now."""
+        arm = self.arm(nbytes)
+        if arm is not None:
+            return arm.incumbent
+        return FALLBACK if self.calibration is None else self.calibration.choose(nbytes)
+
+    def arm(self, nbytes: int) -> Arm | None:
+        """The size class's trial-settled arm; None where the model alone decides."""
+        if not self.tuned and self.transport.world_size > 1:
+            self.tune()
+        calibration = self.calibration
+        if calibration is None or self.arms is None or nbytes < TRIAL_MIN_BYTES:
+            return None
+        key = size_class(nbytes)
+        if key not in self.arms:
+            self.arms[key] = self._guard("autotune trial", lambda: trial_arm(
+                self.transport, calibration, nbytes, own=self.own))
+        return self.arms[key]
+
+    def measured(self, nbytes: int) -> str | None:
+        """What the trial and the probes of ``nbytes``'s size class found (None: no trial yet)."""
+        arm = None if self.arms is None else self.arms.get(size_class(nbytes))
+        return None if arm is None else arm.describe()
+
+    def probe(self, arm: Arm, arr: np.ndarray, op: ReduceOp) -> None:
+        """``probe`` on this group, ``arr`` getting the incumbent's result."""
+        self._guard("allreduce auto probe", lambda: probe(self.transport, arm, arr, op, self.own))
+
+    def tune(self, sizes: Sequence[int] | None = None, repeats: int | None = None) -> None:
+        """Measure and fit now (every rank calls); the size classes' trials start over."""
+        self.calibration = self._guard("autotune", lambda: calibrate(
+            self.transport, sizes or self.sizes, repeats or self.repeats, self.own))
+        self.tuned, self.arms = True, {}
+
+    def set_params(self, params: CostParams | None) -> None:
+        """Use ``params`` (uncalibrated, every ratio 1) instead of measuring; the same on every
+        rank! None: measure on the next ``auto`` call. The backend's own allreduces come
+        first: each ties its ``STAND_IN``, whose work it does in native code, and wins it."""
+        if params is None:
+            self.calibration, self.tuned, self.arms = None, False, {}
+            return
+        self.arms = None  # the user's parameters decide: no measured trials
+        rpn = ranks_per_node(self.transport)
+        names = (*self.own, *cost_model.candidates(rpn))
+        self.calibration = Calibration(self.transport.world_size, rpn, params, (1,),
+                                       {a: (1.0,) for a in names})
+        self.tuned = True
+
+    def inherit(self, parent: Tuner) -> None:
+        """A team of the parent's very ranks keeps the parent's calibration."""
+        if parent.transport.world_size == self.transport.world_size:
+            self.calibration, self.tuned = parent.calibration, parent.tuned
