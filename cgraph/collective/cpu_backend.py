@@ -115,8 +115,9 @@ class CpuComm:
                 f"unknown allreduce algorithm {algorithm!r}; choose 'auto' or one of "
                 f"{sorted(algorithms.ALGORITHMS)}"
             )
+        options = self.tuner.options(name, arr.nbytes)
         with self._call(f"allreduce {_desc(arr)} {op.value} {name}"):
-            algorithms.allreduce(self._t, arr, op, name)
+            algorithms.allreduce(self._t, arr, op, name, **options)
 
     def reduce(self, arr: np.ndarray, dst: int, op: ReduceOp) -> None:
         with self._call(f"reduce {_desc(arr)} {op.value} to {dst}"):

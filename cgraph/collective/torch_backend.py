@@ -121,7 +121,8 @@ class TorchComm:
             self._wait("allreduce", lambda pg: pg.allreduce([tensor], options))
             return
         with working(tensor, "numpy") as arr:
-            self._guard("allreduce", lambda: algorithms.allreduce(self._transport, arr, op, name))
+            options = self.tuner.options(name, arr.nbytes)
+            self._guard("allreduce", lambda: algorithms.allreduce(self._transport, arr, op, name, **options))
 
     def _native(self, buf: np.ndarray, op: ReduceOp) -> None:
         """The backend's own allreduce of a numpy buffer: "native" as ``autotune`` times it

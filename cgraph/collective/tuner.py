@@ -114,6 +114,16 @@ class Tuner:
                                        {a: (1.0,) for a in names})
         self.tuned = True
 
+    def options(self, name: str, nbytes: int) -> dict[str, int]:
+        """``name``'s options from the fitted model: the reduction server's slice size
+        (``cost_model.slice_bytes``); none before a calibration (the algorithm's default).
+        Every rank holds the same parameters, so every rank cuts the same slices."""
+        params = self.params
+        if name != "reduction_server" or params is None:
+            return {}
+        p, rpn = self.transport.world_size, ranks_per_node(self.transport)
+        return {"slice_bytes": cost_model.slice_bytes(p, nbytes, params, rpn)}
+
     def inherit(self, parent: Tuner) -> None:
         """A team of the parent's very ranks keeps the parent's calibration."""
         if parent.transport.world_size == self.transport.world_size:

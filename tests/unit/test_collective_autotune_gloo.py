@@ -236,3 +236,18 @@ def test_one_rank_per_node_fits_the_inter_node_class(clock: FakeClock) -> None:
 def test_one_node_measures_no_links() -> None:
     out = run_ranks(LocalTransport.create(3), lambda t: measurement.measure_links(t))
     assert out == [[], [], []]
+
+
+def test_the_reduction_server_slices_as_the_fitted_model_says() -> None:
+    """Before a calibration: the algorithm's default; after: ``cost_model.slice_bytes``."""
+    from cgraph.collective.tuner import Tuner
+    from cgraph.comm.cost_model import CostParams, slice_bytes
+    from cgraph.comm.transport import LocalTransport
+
+    t = LocalTransport.create(4, node_of=[0, 0, 1, 1])[0]
+    tuner = Tuner(t)
+    assert tuner.options("reduction_server", 16 << 20) == {}
+    params = CostParams(1e-4, 3e-10, 1e-10, alpha_inter=2e-4, beta_inter=7e-10)
+    tuner.set_params(params)
+    assert tuner.options("reduction_server", 16 << 20) == {"slice_bytes": slice_bytes(4, 16 << 20, params, 2)}
+    assert tuner.options("ring", 16 << 20) == {}
