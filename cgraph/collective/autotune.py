@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -111,6 +112,7 @@ class Calibration:
     params: CostParams
     sizes: tuple[int, ...]
     ratios: dict[str, tuple[float, ...]]  # algorithm -> measured / model, per size
+    cores: int = 0  # the fewest CPUs any rank may run on (0: not measured)
 
     @classmethod
     def of(cls, samples: Sequence[Sample], links: Sequence[Sample] = ()) -> Calibration:
@@ -210,7 +212,10 @@ def calibrate(transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: i
     if transport.world_size == 1:
         return None
     samples = measure(transport, sizes, repeats, own)
-    return Calibration.of(samples, measure_links(transport, repeats))
+    calibration = Calibration.of(samples, measure_links(transport, repeats))
+    cores = np.array([len(os.sched_getaffinity(0))], dtype=np.int64)
+    allreduce(transport, cores, ReduceOp.MIN, "ring")  # every rank the same count
+    return replace(calibration, cores=int(cores[0]))
 
 
 def trial_repeats(calibration: Calibration, names: Sequence[str], nbytes: int) -> int:

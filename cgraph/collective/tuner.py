@@ -34,6 +34,7 @@ from cgraph.collective.autotune import (
 )
 from cgraph.collective.measurement import FIT_BYTES, REPEATS, Run, ranks_per_node
 from cgraph.comm import cost_model
+from cgraph.comm.algorithms.reduction_server import DEPTH
 from cgraph.comm.cost_model import CostParams
 from cgraph.comm.transport import Transport
 from cgraph.comm.types import ReduceOp
@@ -118,11 +119,14 @@ class Tuner:
         """``name``'s options from the fitted model: the reduction server's slice size
         (``cost_model.slice_bytes``); none before a calibration (the algorithm's default).
         Every rank holds the same parameters, so every rank cuts the same slices."""
-        params = self.params
-        if name != "reduction_server" or params is None:
+        calibration = self.calibration
+        if name != "reduction_server" or calibration is None:
             return {}
         p, rpn = self.transport.world_size, ranks_per_node(self.transport)
-        return {"slice_bytes": cost_model.slice_bytes(p, nbytes, params, rpn)}
+        # Slices overlap only where a node has a core to spare for each stage in flight;
+        # where its ranks take every core, each slice only adds its messages' latency.
+        depth = 1 if 0 < calibration.cores <= rpn else DEPTH
+        return {"slice_bytes": cost_model.slice_bytes(p, nbytes, calibration.params, rpn, depth=depth)}
 
     def inherit(self, parent: Tuner) -> None:
         """A team of the parent's very ranks keeps the parent's calibration."""

@@ -251,3 +251,23 @@ def test_the_reduction_server_slices_as_the_fitted_model_says() -> None:
     tuner.set_params(params)
     assert tuner.options("reduction_server", 16 << 20) == {"slice_bytes": slice_bytes(4, 16 << 20, params, 2)}
     assert tuner.options("ring", 16 << 20) == {}
+
+
+def test_where_a_nodes_ranks_take_every_core_the_slices_do_not_overlap() -> None:
+    """cores <= ranks per node: the model without overlap (depth 1), whose best is one slice
+    as large as the choices allow (each slice only adds its messages' latency)."""
+    import dataclasses
+
+    from cgraph.collective.tuner import Tuner
+    from cgraph.comm.cost_model import SLICE_CHOICES, CostParams, slice_bytes
+    from cgraph.comm.transport import LocalTransport
+
+    tuner = Tuner(LocalTransport.create(4, node_of=[0, 0, 1, 1])[0])
+    params = CostParams(1e-4, 3e-10, 1e-10, alpha_inter=2e-4, beta_inter=7e-10)
+    tuner.set_params(params)
+    assert tuner.calibration is not None
+    tuner.calibration = dataclasses.replace(tuner.calibration, cores=2)
+    assert tuner.options("reduction_server", 16 << 20) == {"slice_bytes": slice_bytes(4, 16 << 20, params, 2, depth=1)}
+    assert tuner.options("reduction_server", 16 << 20) == {"slice_bytes": SLICE_CHOICES[-1]}
+    tuner.calibration = dataclasses.replace(tuner.calibration, cores=64)
+    assert tuner.options("reduction_server", 16 << 20) == {"slice_bytes": slice_bytes(4, 16 << 20, params, 2)}
