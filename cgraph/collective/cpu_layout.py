@@ -31,7 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cgraph.channels.segments import segment_name
 from cgraph.collective import rendezvous
+from cgraph.comm.arena import ShmArena
 from cgraph.comm.cpu_mesh import LinkEnds, create_links
 from cgraph.comm.framed_transport import FramedTransport
 from cgraph.errors import CollectiveTimeoutError
@@ -46,12 +48,15 @@ class Links:
 
     transport: FramedTransport
     made: list[Any] = field(default_factory=list)
+    arena: ShmArena | None = None  # the node's workspace, where this rank leads the node
 
     def release(self) -> None:
         """Drop this rank's mappings and unlink the segments it made (destroy)."""
         self.transport.detach()
         for channel in self.made:
             channel.unlink()
+        if self.arena is not None:
+            self.arena.unlink()
 
 
 def announce(membership: Any, node: str) -> None:
@@ -69,29 +74,34 @@ def settle(membership: Any, node: str) -> Links:
     nodes = tuple(_get(membership, f"node/{r}", f"rank {r} to join").decode()
                   for r in range(spec.world_size))
     if membership.ends is not None and set(nodes) == {membership.node}:
-        return Links(FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s))
+        arena = ShmArena(membership.arena, membership.rank) if membership.arena else None
+        return Links(FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s, arena=arena))
     mine = [r for r in range(spec.world_size) if nodes[r] == node]
-    made, local = _node_mesh(membership, node, mine)
+    made, (local, base) = _node_mesh(membership, node, mine)
     ends = _global_ends(local, mine, membership.rank, spec.world_size)
     remote = _remote_links(membership, nodes) if len(set(nodes)) > 1 else None
-    return Links(FramedTransport(ends, spec.name, nodes, spec.timeout_s, remote), made)
+    arena = ShmArena(base, mine.index(membership.rank))
+    return Links(FramedTransport(ends, spec.name, nodes, spec.timeout_s, remote, arena), made,
+                 arena if made else None)
 
 
-def _node_mesh(membership: Any, node: str, mine: Sequence[int]) -> tuple[list[Any], LinkEnds]:
-    """The links among this node's ranks: made by its lowest rank, attached by the others."""
+def _node_mesh(membership: Any, node: str, mine: Sequence[int]) -> tuple[list[Any], tuple[LinkEnds, str]]:
+    """The links among this node's ranks and its workspace's base name: made by its lowest
+    rank, attached by the others."""
     spec, key = membership.spec, f"mesh/{node}"
     if membership.rank != mine[0]:
-        ends = pickle.loads(_get(membership, key, f"rank {mine[0]} to make node {node[:8]}'s links"))
-        return [], ends[mine.index(membership.rank)]
+        ends, base = pickle.loads(_get(membership, key, f"rank {mine[0]} to make node {node[:8]}'s links"))
+        return [], (ends[mine.index(membership.rank)], base)
     tag = f"{rendezvous.SHM_TAG_PREFIX}{spec.name}.{membership.nonce}.{node[:8]}"
     channels, ends = create_links(tag, "link", len(mine))
+    base = segment_name(tag, "arena")
     try:
-        _set(membership, key, pickle.dumps(ends))
+        _set(membership, key, pickle.dumps((ends, base)))
     except BaseException:
         for channel in channels:
             channel.unlink()
         raise
-    return channels, ends[0]
+    return channels, (ends[0], base)
 
 
 def _global_ends(local: LinkEnds, mine: Sequence[int], rank: int, world_size: int) -> LinkEnds:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from cgraph.comm import cost_model
-from cgraph.comm.algorithms import allreduce, barrier
+from cgraph.comm.algorithms import allreduce, barrier, runs_on
 from cgraph.comm.cost_model import Sample
 from cgraph.comm.teams import Team, TeamTransport, node_teams
 from cgraph.comm.transport import Transport, node_layout
@@ -62,7 +62,8 @@ def measure(transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: int
     """Time every candidate (cgraph's algorithms, then ``own``'s; or ``names``) at ``sizes``
     on all ranks; identical samples on every rank."""
     rpn = ranks_per_node(transport)
-    names = tuple(names) or (*cost_model.candidates(rpn), *(own or {}))
+    runs = runs_on(transport)
+    names = tuple(names) or (*(a for a in cost_model.candidates(rpn) if a in runs), *(own or {}))
     local = np.empty((len(names), len(sizes)), dtype=np.float64)
     # Largest size first, after WARMUP rounds: the links' slots grow (new segments,
     # page faults) on their first large messages, which is not the algorithm's time.

@@ -51,6 +51,7 @@ from typing import Any
 
 import ray
 
+from cgraph.channels.segments import segment_name, unlink_channel
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S, KVStore, on_this_node
 from cgraph.errors import CollectiveGroupError, CollectiveTimeoutError
 
@@ -99,6 +100,7 @@ class Membership:
     ends: Any = None  # cpu, on the store's node: this rank's ends of the store's mesh
     store: Any = None  # the store actor's handle (its keys: ray_store.RayStore, cpu_layout)
     secret: bytes = b""  # cpu: what its links between nodes prove they know
+    arena: str = ""  # cpu, on the store's node: the base name of the node's shared workspace
 
 
 @dataclass
@@ -107,6 +109,7 @@ class _State:
     left: set[int] = field(default_factory=set)
     channels: list[Any] = field(default_factory=list)
     ends: list[Any] = field(default_factory=list)
+    arena: str = ""  # the base name of the mesh's shared workspace
     abort: str | None = None
 
 
@@ -178,7 +181,9 @@ class GroupStore(KVStore):
             channel.close()
         for channel in state.channels:
             removed += channel.unlink()
-        state.channels, state.ends = [], []
+        if state.arena:
+            removed += unlink_channel(state.arena)
+        state.channels, state.ends, state.arena = [], [], ""
         return removed
 
     # ------------------------------------------------------------------ internals
@@ -209,8 +214,9 @@ class GroupStore(KVStore):
 
                 tag = f"{SHM_TAG_PREFIX}{spec.name}.{self._nonce}"
                 state.channels, state.ends = create_links(tag, "link", spec.world_size)
+                state.arena = segment_name(tag, "arena")  # made by rank 0, unlinked here
             return Membership(spec, rank, self._node, self._nonce, ends=state.ends[rank], store=me,
-                              secret=self._secret)
+                              secret=self._secret, arena=state.arena)
         return Membership(spec, rank, self._node, self._nonce, store=me, secret=self._secret)
 
 

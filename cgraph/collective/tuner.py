@@ -34,6 +34,7 @@ from cgraph.collective.autotune import (
 )
 from cgraph.collective.measurement import FIT_BYTES, REPEATS, Run, ranks_per_node
 from cgraph.comm import cost_model
+from cgraph.comm.algorithms import runs_on
 from cgraph.comm.algorithms.reduction_server import DEPTH
 from cgraph.comm.cost_model import CostParams
 from cgraph.comm.transport import Transport
@@ -110,7 +111,8 @@ class Tuner:
             return
         self.arms = None  # the user's parameters decide: no measured trials
         rpn = ranks_per_node(self.transport)
-        names = (*self.own, *cost_model.candidates(rpn))
+        runs = runs_on(self.transport)
+        names = (*self.own, *(a for a in cost_model.candidates(rpn) if a in runs))
         self.calibration = Calibration(self.transport.world_size, rpn, params, (1,),
                                        {a: (1.0,) for a in names})
         self.tuned = True

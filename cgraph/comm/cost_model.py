@@ -73,7 +73,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -81,14 +80,10 @@ import numpy as np
 
 from cgraph.comm.algorithms import (
     ALGORITHMS,
-    allreduce,
-    barrier,
     chain,
     reduction_server,
     ring,
 )
-from cgraph.comm.transport import LocalTransport, run_ranks
-from cgraph.comm.types import ReduceOp
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +187,17 @@ def _reduction_server(p: int, n: int, rpn: int) -> Terms:
     return _sliced(_hierarchical_half(p, n, rpn, True) + _hierarchical_half(p, n, rpn, False), s)
 
 
+def _shared(p: int, n: int, rpn: int) -> Terms:
+    """Copy in and out (2n), one chunk reduced from L slots, 2 barriers; then the rail's ring."""
+    local, nodes = min(p, rpn), _nodes(p, rpn)
+    if local == 1:  # nothing to share: the algorithm runs the reduction server (a ring)
+        return _reduction_server(p, n, rpn)
+    node = Terms(2 * (local - 1).bit_length(), 2 * n, (local - 1) * n / local)
+    if nodes == 1:
+        return node
+    return node + _level(nodes, n / local, True, inter=True) + _level(nodes, n / local, False, inter=True)
+
+
 def _level(k: int, n: float, reduces: bool, inter: bool = False) -> Terms:
     """A reduce-scatter (``reduces``) or all-gather over k ranks: k-1 messages of n/k."""
     share = (k - 1) * n / k
@@ -231,6 +237,7 @@ COST: dict[str, Callable[[int, int, int], Terms]] = {
     "butterfly": _butterfly,
     "ring": _ring,
     "reduction_server": _reduction_server,
+    "shared": _shared,
 }
 """The terms of each algorithm in ``ALGORITHMS`` (a test checks every one has a row)."""
 
@@ -405,46 +412,3 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             return x
         free &= x > 0
     return x
-
-
-def sample(
-    transport_factory: Callable[[int], Sequence[LocalTransport]] = LocalTransport.create,
-    world_sizes: Sequence[int] = (2, 4),
-    nbytes: Sequence[int] = (1 << 10, 1 << 16, 1 << 20),
-    algorithms: Sequence[str] | None = None,
-    repeats: int = 3,
-) -> list[Sample]:
-    """Time float32 SUM allreduces on fresh endpoints, one thread per rank.
-
-    A sample is the slowest rank's time from a barrier to the end of its
-    allreduce, each rank's best of ``repeats``.
-    """
-    names = tuple(algorithms or candidates())
-    out = []
-    for p in world_sizes:
-        endpoints = transport_factory(p)
-        for name in names:
-            for size in nbytes:
-                timed = functools.partial(_time_one, algorithm=name, nbytes=size, repeats=repeats)
-                elapsed = run_ranks(endpoints, timed)
-                out.append(Sample(name, p, size, max(elapsed)))
-    return out
-
-
-def _time_one(transport: LocalTransport, algorithm: str, nbytes: int, repeats: int) -> float:
-    buf = np.ones(max(1, nbytes // 4), dtype=np.float32)
-    best = math.inf
-    for _ in range(repeats):
-        barrier(transport)
-        start = time.perf_counter()
-        allreduce(transport, buf, ReduceOp.SUM, algorithm)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measure(
-    transport_factory: Callable[[int], Sequence[LocalTransport]] = LocalTransport.create,
-    **options: object,
-) -> CostParams:
-    """``fit(sample(transport_factory, **options))``: measure a few sizes and fit."""
-    return fit(sample(transport_factory, **options))  # type: ignore[arg-type]

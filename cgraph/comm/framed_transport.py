@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from cgraph.channels.segments import unlink_channel
+from cgraph.comm.arena import ShmArena
 from cgraph.comm.cpu_mesh import LinkEnds
 from cgraph.comm.socket_links import SocketLinks
 from cgraph.comm.transport import describe_layout
@@ -54,6 +55,10 @@ from cgraph.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
 )
+
+INBAND = 256
+"""Messages up to this many bytes travel as bytes inside the tag's tuple (the channel's
+one-call path for small plain values) instead of as an out-of-band array."""
 
 Tag = tuple[str, str]
 """(context, signature) of one call: identical on every rank that takes part."""
@@ -71,11 +76,12 @@ class FramedTransport:
         timeout: seconds any single wait (a free slot, a message) may take.
         remote: the links to the peers without a shared-memory end (``SocketLinks``);
             None when every peer shares this rank's node.
+        arena: this rank's mapping of its node's shared workspace (``comm.arena``).
     """
 
     def __init__(
         self, ends: LinkEnds, group: str, nodes: tuple[Hashable, ...], timeout: float,
-        remote: SocketLinks | None = None,
+        remote: SocketLinks | None = None, arena: ShmArena | None = None,
     ) -> None:
         if len(nodes) != ends.world_size:
             raise ValueError(f"{len(nodes)} node ids for a group of {ends.world_size} ranks")
@@ -85,6 +91,7 @@ class FramedTransport:
         self._out = [h.attach() if h is not None else None for h in ends.out]
         self._inp = [h.attach() if h is not None else None for h in ends.inp]
         self._remote = remote
+        self.arena = arena  # the node's shared workspace ("shared" allreduce), if any
         self._tag: Tag = _IDLE
         self._fingerprint = _fingerprint(_IDLE)
 
@@ -116,8 +123,10 @@ class FramedTransport:
             with self._mapped("send to", dst):
                 self._remote.send(self._fingerprint, buf, dst)  # type: ignore[union-attr]
             return
+        # a small message travels as bytes: a plain value, which the channel writes in one C call
+        message = (self._tag, buf.dtype.str, buf.tobytes()) if buf.nbytes <= INBAND else (self._tag, buf)
         try:
-            writer.write((self._tag, buf), self.timeout)
+            writer.write(message, self.timeout)
         except ChannelTimeoutError:
             raise self._timeout("send to", dst) from None
         except ChannelClosedError:
@@ -132,12 +141,14 @@ class FramedTransport:
                 raise self._mismatch(src, "a message of another call, or of another size", "")
             return
         try:
-            tag, data = reader.read(self.timeout)
+            message = reader.read(self.timeout)
         except ChannelTimeoutError:
             raise self._timeout("receive from", src) from None
         except ChannelClosedError:
             raise self._closed("receive from", src) from None
         try:
+            tag, data = message if len(message) == 2 else \
+                (message[0], np.frombuffer(message[2], dtype=np.dtype(message[1])))
             self._check(tag, data, buf, src)
             np.copyto(buf.reshape(-1), data.reshape(-1))
         finally:
@@ -179,9 +190,12 @@ class FramedTransport:
                 end.detach()
 
     def unlink(self) -> None:
-        """Remove this rank's links from /dev/shm (the fallback when the store is gone)."""
+        """Remove this rank's links (and the node's workspace) from /dev/shm (the fallback
+        when the store is gone)."""
         for name in self._names:
             unlink_channel(name)
+        if self.arena is not None:
+            self.arena.unlink()
 
     # ------------------------------------------------------------------ internals
     @contextlib.contextmanager

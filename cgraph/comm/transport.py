@@ -41,6 +41,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from cgraph.comm.arena import LocalArena
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
 T = TypeVar("T")
@@ -114,6 +115,7 @@ class _Fabric:
         self.timeout = timeout
         self.channels = {(s, d): _Channel() for s in range(n) for d in range(n)}
         self.closed: str | None = None
+        self.workspaces: dict[Hashable, dict[str, np.ndarray]] = {node: {} for node in nodes}
 
     def close(self, reason: str) -> None:
         self.closed = reason
@@ -143,6 +145,10 @@ class LocalTransport:
     def __init__(self, fabric: _Fabric, rank: int) -> None:
         self._fabric = fabric
         self._rank = rank
+        node = fabric.nodes[rank]
+        local = [r for r, n in enumerate(fabric.nodes) if n == node].index(rank)
+        self.arena = LocalArena(fabric.workspaces[node], local)
+        """The node's shared workspace (``algorithms.shared``), in process."""
 
     @classmethod
     def create(

@@ -12,7 +12,9 @@ bitwise equal on every rank.
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -263,3 +265,33 @@ def test_slice_bytes_names_its_one_model_and_feeds_the_reduction_server() -> Non
         return buf
 
     check(case, inputs, run_ranks(LocalTransport.create(4, (0, 0, 1, 1)), body))
+
+
+def test_the_shared_workspace_alternates_halves_and_takes_one_set_above_the_cap(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Calls of changing sizes, with two halves and with one set of slots (cap lowered), on
+    two nodes of two and one node of four: every rank gets numpy's sum, bit for bit alike."""
+    from cgraph.comm.algorithms import shared
+
+    monkeypatch.setattr(shared, "DOUBLE_BUFFER_BYTES", 4096)
+    real_barrier = shared.barrier
+
+    def late(t):  # type: ignore[no-untyped-def]
+        real_barrier(t)
+        if t.rank % 2:  # these ranks fall behind after every barrier: rank 0 runs ahead
+            time.sleep(0.002)
+
+    monkeypatch.setattr(shared, "barrier", late)
+    counts = (1000, 7, 3, 60, 300, 1, 0, 50, 2, 129, 2000, 5, 40) * 2
+    for layout, rendezvous in itertools.product(((0, 0, 1, 1), (0, 0, 0, 0)), (False, True)):
+        def body(t):  # type: ignore[no-untyped-def]
+            outs = []
+            for count in counts:
+                buf = np.arange(count, dtype=np.float64) * (t.rank + 1)
+                shared.allreduce_shared(t, buf, ReduceOp.SUM)
+                outs.append(buf)
+            return outs
+
+        got = run_ranks(LocalTransport.create(4, layout, rendezvous=rendezvous), body)
+        for i, count in enumerate(counts):
+            want = np.arange(count, dtype=np.float64) * 10
+            assert all(np.array_equal(g[i], want) for g in got), (layout, count)

@@ -28,6 +28,7 @@ from cgraph.comm.algorithms.reduction_server import allreduce_reduction_server
 from cgraph.comm.algorithms.ring import allgather as allgather_ring
 from cgraph.comm.algorithms.ring import allreduce_ring
 from cgraph.comm.algorithms.ring import reducescatter as reducescatter_ring
+from cgraph.comm.algorithms.shared import allreduce_shared, shares
 from cgraph.comm.algorithms.star import allreduce_star
 from cgraph.comm.algorithms.tree import allreduce_tree, broadcast, reduce
 from cgraph.comm.transport import Transport
@@ -43,6 +44,7 @@ ALGORITHMS: dict[str, AllreduceFn] = {
     "butterfly": allreduce_butterfly,
     "ring": allreduce_ring,
     "reduction_server": allreduce_reduction_server,
+    "shared": allreduce_shared,
 }
 """Every allreduce algorithm by name (one row per algorithm; a test checks the cost model has each)."""
 
@@ -69,6 +71,13 @@ def _lookup(table: dict[str, _T], kind: str, algorithm: str) -> _T:
         raise ValueError(
             f"unknown {kind} algorithm {algorithm!r}; choose one of {sorted(table)}"
         ) from None
+
+
+def runs_on(transport: Transport) -> tuple[str, ...]:
+    """The algorithms that run as themselves over ``transport``: all but "shared" where it
+    cannot (``shared.shares``: no node workspace, or nodes of one rank or unequal sizes;
+    it would run another algorithm, which a measurement must not time under its name)."""
+    return tuple(a for a in ALGORITHMS if a != "shared" or shares(transport))
 
 
 def allreduce(
@@ -141,4 +150,5 @@ __all__ = [
     "broadcast",
     "reduce",
     "reducescatter",
+    "runs_on",
 ]
