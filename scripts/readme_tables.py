@@ -92,19 +92,21 @@ def _pipelined_share(data: dict[str, Any], system: str) -> str:
 
 
 def collective(data: dict[str, Any]) -> str:
-    sizes = data["settings"]["sizes_elems"]
+    sizes = data["settings"]["sizes_bytes"]
     rows = []
     for section in data["sections"].values():
-        cells = [str(section["world_size"])]
+        if section.get("status") != "ok":
+            continue
+        cells = [f"{section['nodes']} x {section['ranks_per_node']}"]
         for point in section["points"]:
             cells.append(f"{num(point['best_ms'])} {point['best']} / {num(point['auto_ms'])} / "
                          f"{num(point['gloo_ms'])}")
         rows.append(cells)
-    header = ["ranks"] + [f"{n >> 20} Mi float32" for n in sizes]
+    header = ["nodes x ranks"] + [f"{n >> 20} MiB" for n in sizes]
     return "\n".join([
         heading("Allreduce", "bench_collective.py", "collective.md",
-                "CPU actors; median ms of the best cgraph algorithm / `algorithm=\"auto\"` / "
-                "gloo's own allreduce."),
+                "CPU actors on one node and on a 2-node loopback cluster; median ms of the best "
+                "cgraph algorithm / `algorithm=\"auto\"` / gloo's own allreduce."),
         table(header, rows),
     ])
 

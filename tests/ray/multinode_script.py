@@ -239,7 +239,7 @@ def run_checks() -> None:
            segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
 
 
-ALGORITHMS = ("star", "chain", "tree", "butterfly", "ring", "reduction_server")
+ALGORITHMS = ("star", "chain", "tree", "butterfly", "ring", "reduction_server", "shared")
 SIZES = (0, 1, 7, 1 << 19)  # elements: 2 MiB of float32 at the end
 GATHER_SCATTER = ("ring", "hierarchical", "auto")
 

@@ -37,6 +37,10 @@ from cgraph.comm.teams import Team, TeamTransport, node_teams
 from cgraph.comm.transport import Transport, node_layout
 from cgraph.comm.types import ReduceOp, combine
 
+BLOCK_BYTES = 128 << 10
+"""The reduction adds every slot into one block of the chunk before the next block, so
+that block stays in the cache: each input is read once and the result written once,
+instead of the result read and written once per slot."""
 DOUBLE_BUFFER_BYTES = 64 << 20
 """Workspaces up to this size hold two sets of slots, used in turn: a call may then start
 copying in while a slower rank still copies the last call's result out, which saves the
@@ -75,8 +79,11 @@ def allreduce_shared(transport: Transport, buf: np.ndarray, op: ReduceOp = Reduc
     barrier(node)
     lo, hi = chunk_bounds(flat.size, mine.size)[local]
     done = slots[0, lo:hi]
-    for s in range(1, mine.size):
-        combine(op, done, slots[s, lo:hi], done)
+    step = max(1, BLOCK_BYTES // flat.itemsize)
+    for b in range(lo, hi, step):  # block by block: the partial sum stays in the cache
+        block = slice(b, min(b + step, hi))
+        for s in range(1, mine.size):
+            combine(op, slots[0, block], slots[s, block], slots[0, block])
     if len(teams) > 1:
         rail = Team(tuple(t.ranks[local] for t in teams))
         allreduce_ring(TeamTransport(transport, rail), done, op)
