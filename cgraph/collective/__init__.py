@@ -55,7 +55,7 @@ Args:
     op: ``ReduceOp.SUM``, ``PRODUCT``, ``MIN`` or ``MAX`` (or its name).
     algorithm: "auto" (the cost model fitted to this group chooses; on "gloo"
         and "nccl" the backend's own allreduce, named "native", is a candidate), "native", or one of cgraph's:
-        "ring", "tree", "butterfly", "star", "chain", "reduction_server".
+        "ring", "tree", "butterfly", "star", "chain", "reduction_server", "shared".
     nodes: (``bind``) one DAG node per member actor, each a method's result
         holding a torch tensor.
 

@@ -281,11 +281,15 @@ def every_collective(name: str, world: int, rank: int, backend: str) -> dict:
                 calls += 1
                 if not np.array_equal(chunk, every.reshape(world, world, -1)[:, rank].max(0)):
                     wrong.append(f"reducescatter max numpy {algorithm} {size}")
-            parts = [torch.zeros(size) for _ in range(world)]
-            col.allgather(parts, torch.from_numpy(rank_input(rank, size)), name, algorithm=algorithm)
-            calls += 1
-            if not all(np.array_equal(p.numpy(), every[r]) for r, p in enumerate(parts)):
-                wrong.append(f"allgather {algorithm} {size}")
+            for kind in ("torch", "numpy"):
+                parts = [np.zeros(size, dtype=np.float32) for _ in range(world)]
+                mine = rank_input(rank, size)
+                if kind == "torch":
+                    parts, mine = [torch.from_numpy(p) for p in parts], torch.from_numpy(mine)
+                col.allgather(parts, mine, name, algorithm=algorithm)
+                calls += 1
+                if not all(np.array_equal(np.asarray(p), every[r]) for r, p in enumerate(parts)):
+                    wrong.append(f"allgather {algorithm} {size} {kind}")
     return {"rank": rank, "node": ray.get_runtime_context().get_node_id(), "calls": calls, "wrong": wrong}
 
 
