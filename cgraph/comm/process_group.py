@@ -268,11 +268,24 @@ class ProcessGroupCommunicator(Communicator):
 
     def _run(self, call: Any) -> None:
         pg = self._group()
-        if self._cuda is None:
-            call(pg).wait()  # gloo: blocks until this rank's part is done
-            return
-        with self._cuda.enter():
-            call(pg).wait()  # the current stream (the comm stream) waits; the CPU does not
+        try:
+            if self._cuda is None:
+                call(pg).wait()  # gloo: blocks until this rank's part is done
+                return
+            with self._cuda.enter():
+                call(pg).wait()  # the current stream (the comm stream) waits; the CPU does not
+        except RuntimeError as exc:
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            if any(mark in text for mark in _PEER_GONE):
+                from cgraph.errors import ChannelLostError
+
+                # a peer's process ended (or dropped the group): not this op's fault
+                raise ChannelLostError(f"the {self.backend} communicator lost a peer: {text}") from exc
+            raise
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""What gloo says when the other end of a pair went away."""
 
 
 class NcclCommunicator(ProcessGroupCommunicator):

@@ -51,7 +51,7 @@ from typing import Any
 
 from cgraph.channels.segments import create_segment, open_segment, segment_name, unlink_quietly
 from cgraph.channels.shm_channel import ShmHandle
-from cgraph.errors import ChannelClosedError, ChannelLostError, CommunicatorError
+from cgraph.errors import ChannelClosedError, CommunicatorError
 from cgraph.runtime.error_value import ErrorValue
 
 NOTICE_S = 1.0
@@ -205,16 +205,15 @@ class GroupFaults:
         from now on.
 
         Raises:
-            ChannelLostError: ``exc`` is one (a dead peer: the loop ends, the monitor reports it).
+            ChannelLostError: ``exc`` is one and the group was not aborted (a dead peer: the
+                loop ends, the monitor reports it).
             ChannelClosedError: ``exc`` is one and the group was not aborted (a link closed
                 under it: teardown or a death; the loop ends as before).
         """
-        if isinstance(exc, ChannelLostError):
-            raise exc
         event = self.aborted.get(site.group)
-        closed = isinstance(exc, ChannelClosedError)
+        closed = isinstance(exc, ChannelClosedError)  # ChannelLostError too
         if event is not None and event.wait(NOTICE_S if closed else 0):
-            return self._cut_short(site, exc)
+            return self._cut_short(site, exc)  # the group's abort (a peer's fault) closed it
         if closed:
             raise exc
         group, comm = self.groups[site.group]

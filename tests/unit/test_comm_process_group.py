@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from cgraph.comm import process_group
 from cgraph.comm.process_group import NcclCommunicator, ProcessGroupCommunicator
-from cgraph.errors import ChannelClosedError
+from cgraph.errors import ChannelClosedError, ChannelLostError
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,7 @@ def test_aborting_a_peer_wakes_a_rank_blocked_in_recv() -> None:
     peer.abort()  # what the peer's watcher does at teardown
     thread.join(30)
     assert not thread.is_alive() and errors, "the blocked recv was not woken"
+    assert isinstance(errors[0], ChannelLostError), errors  # a peer gone, not this op's fault
 
 
 def test_unknown_backend_and_nccl_without_cuda_are_refused() -> None:
