@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from cgraph.collective import autotune, cpu_layout
+from cgraph.collective import cpu_layout
 from cgraph.collective.backends import Hooks
 from cgraph.collective.cpu_layout import Links
-from cgraph.collective.tuner import Tuner
+from cgraph.collective.tuner import TunedComm, Tuner
 from cgraph.comm import algorithms
-from cgraph.comm.cost_model import CostParams
 from cgraph.comm.framed_transport import FramedTransport
 from cgraph.comm.teams import Team, TeamTransport
 from cgraph.comm.transport import Transport, node_layout
@@ -80,7 +79,7 @@ class _Mesh:
             )
 
 
-class CpuComm:
+class CpuComm(TunedComm):
     """One rank's side of a cpu group or team (the backend's ``GroupComm``)."""
 
     def __init__(self, mesh: _Mesh, transport: Transport | None, context: str, rank: int,
@@ -182,31 +181,6 @@ class CpuComm:
                 transport = self._t
             self._tuner = Tuner(transport, guard=self._guarded)
         return self._tuner
-
-    @property
-    def calibration(self) -> autotune.Calibration | None:
-        return self.tuner.calibration
-
-    @property
-    def params(self) -> CostParams | None:
-        """The fitted cost-model parameters (None before the first "auto" or ``tune``)."""
-        return self.tuner.params
-
-    def choose(self, nbytes: int) -> str:
-        """The algorithm ``auto`` runs for ``nbytes`` now (measures and fits on first use)."""
-        return self.tuner.choose(nbytes)
-
-    def measured(self, nbytes: int) -> str | None:
-        """What the trial and the probes of ``nbytes``'s size class found (None: no trial yet)."""
-        return self.tuner.measured(nbytes)
-
-    def tune(self, sizes: Sequence[int] | None = None, repeats: int | None = None) -> None:
-        """Measure this group's transport and calibrate the cost model (every rank must call)."""
-        self.tuner.tune(sizes, repeats)
-
-    def set_params(self, params: CostParams | None) -> None:
-        """Use ``params`` (uncalibrated) for ``auto`` instead of measuring; same on every rank!"""
-        self.tuner.set_params(params)
 
     def _guarded(self, what: str, work: Callable[[], Any]) -> Any:
         with self._call(what):

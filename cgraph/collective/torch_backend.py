@@ -40,12 +40,10 @@ from typing import Any
 import numpy as np
 
 from cgraph.collective import signatures
-from cgraph.collective.autotune import Calibration
 from cgraph.collective.backends import Hooks
 from cgraph.collective.tensor_views import working
-from cgraph.collective.tuner import Tuner
+from cgraph.collective.tuner import TunedComm, Tuner
 from cgraph.comm import algorithms
-from cgraph.comm.cost_model import CostParams
 from cgraph.comm.pg_transport import ProcessGroupTransport
 from cgraph.comm.process_group import process_group
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
@@ -74,7 +72,7 @@ ratio there holds, and each size class's trial settles close calls at its own si
 FIT_REPEATS = 2
 
 
-class TorchComm:
+class TorchComm(TunedComm):
     """One rank's side of a gloo / nccl group or team (the backend's ``GroupComm``).
 
     Every call first compares the ranks' signatures (``signatures``): a mismatch
@@ -136,33 +134,6 @@ class TorchComm:
         self.process_group.allreduce([tensor], options).wait()
         if tensor is not host:
             host.copy_(tensor.cpu())
-
-    # ------------------------------------------------------------------ auto (``tuning``)
-    @property
-    def calibration(self) -> Calibration | None:
-        """The group's fitted model (None before the first "auto" or ``tune``)."""
-        return self.tuner.calibration
-
-    @property
-    def params(self) -> CostParams | None:
-        """The fitted cost-model parameters (None before the first "auto" or ``tune``)."""
-        return self.tuner.params
-
-    def choose(self, nbytes: int) -> str:
-        """What "auto" runs for ``nbytes`` now; measures (every rank calls) on first use."""
-        return self.tuner.choose(nbytes)
-
-    def measured(self, nbytes: int) -> str | None:
-        """What the trial and the probes of ``nbytes``'s size class found (None: no trial yet)."""
-        return self.tuner.measured(nbytes)
-
-    def tune(self, sizes: Sequence[int] | None = None, repeats: int | None = None) -> None:
-        """Measure this group (every rank calls) and calibrate the cost model."""
-        self.tuner.tune(sizes, repeats)
-
-    def set_params(self, params: CostParams | None) -> None:
-        """Use ``params`` for "auto" instead of measuring (the same on every rank!)."""
-        self.tuner.set_params(params)
 
     def reduce(self, tensor: Any, dst: int, op: ReduceOp) -> None:
         self._agree(signatures.encode("reduce", tensor, op, dst))

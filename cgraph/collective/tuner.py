@@ -134,3 +134,36 @@ class Tuner:
         """A team of the parent's very ranks keeps the parent's calibration."""
         if parent.transport.world_size == self.transport.world_size:
             self.calibration, self.tuned = parent.calibration, parent.tuned
+
+
+class TunedComm:
+    """What a backend's communicator answers for ``tuning`` (``tune``, ``choose_algorithm``,
+    ``explain``, the cost parameters): its ``tuner``'s state. A subclass provides ``tuner``."""
+
+    tuner: Tuner
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The group's fitted model (None before the first "auto" or ``tune``)."""
+        return self.tuner.calibration
+
+    @property
+    def params(self) -> CostParams | None:
+        """The fitted cost-model parameters (None before the first "auto" or ``tune``)."""
+        return self.tuner.params
+
+    def choose(self, nbytes: int) -> str:
+        """What "auto" runs for ``nbytes`` now; measures (every rank calls) on first use."""
+        return self.tuner.choose(nbytes)
+
+    def measured(self, nbytes: int) -> str | None:
+        """What the trial and the probes of ``nbytes``'s size class found (None: no trial yet)."""
+        return self.tuner.measured(nbytes)
+
+    def tune(self, sizes: Sequence[int] | None = None, repeats: int | None = None) -> None:
+        """Measure this group (every rank calls) and calibrate the cost model."""
+        self.tuner.tune(sizes, repeats)
+
+    def set_params(self, params: CostParams | None) -> None:
+        """Use ``params`` for "auto" instead of measuring (the same on every rank!)."""
+        self.tuner.set_params(params)
