@@ -1,8 +1,10 @@
-"""The "cpu" backend: cgraph's algorithms over a shared-memory link mesh on one node.
+"""The "cpu" backend: cgraph's algorithms over shared-memory links within a node.
 
 A group's store actor makes the mesh (``create_links``: one shm channel per
-ordered pair of ranks) and hands each rank its ends; ``FramedTransport``
-stamps every message with the call it belongs to and bounds every wait. Teams
+ordered pair of ranks) and hands each rank its ends; where the ranks span nodes,
+``cpu_layout`` makes one mesh per node and TCP links between nodes on the first
+call. ``FramedTransport`` stamps every message with the call it belongs to and
+bounds every wait. Teams
 reuse the mesh through ``TeamTransport`` with their own context, so a team's
 messages can never be taken for the parent's::
 
