@@ -48,6 +48,7 @@ from cgraph.comm.pg_transport import ProcessGroupTransport
 from cgraph.comm.process_group import process_group
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.teams import Team
+from cgraph.comm.transport import describe_layout
 from cgraph.comm.types import ReduceOp, dist_op
 from cgraph.errors import (
     CollectiveError,
@@ -265,16 +266,8 @@ class TorchComm(TunedComm):
             self._broken = f"{what}: {text}"
             raise (CollectiveTimeoutError if timed_out else CollectiveError)(
                 f"group {self._name!r}, rank {self.rank}: {what} failed in torch.distributed: "
-                f"{text} (a peer did not arrive within timeout_s, or died; {self._layout()})",
+                f"{text} (a peer did not arrive within timeout_s, or died; {describe_layout(self.nodes, self.rank)})",
                 self._name, self.rank) from exc
-
-    def _layout(self) -> str:
-        """``rank 2 on node 9d1c04aa; ranks by node: 3f2a1b9c 0,1; 9d1c04aa 2,3``, for errors."""
-        by_node: dict[str, list[int]] = {}
-        for r, node in enumerate(self.nodes):
-            by_node.setdefault(str(node)[:8], []).append(r)
-        ranks = "; ".join(f"{node} {','.join(map(str, rs))}" for node, rs in by_node.items())
-        return f"rank {self.rank} on node {str(self.nodes[self.rank])[:8]}; ranks by node: {ranks}"
 
 
 def _text(header: Any) -> str:
