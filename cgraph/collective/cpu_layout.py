@@ -74,13 +74,13 @@ def settle(membership: Any, node: str) -> Links:
     nodes = tuple(_get(membership, f"node/{r}", f"rank {r} to join").decode()
                   for r in range(spec.world_size))
     if membership.ends is not None and set(nodes) == {membership.node}:
-        arena = ShmArena(membership.arena, membership.rank) if membership.arena else None
+        arena = ShmArena(membership.arena, membership.rank, spec.world_size) if membership.arena else None
         return Links(FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s, arena=arena))
     mine = [r for r in range(spec.world_size) if nodes[r] == node]
     made, (local, base) = _node_mesh(membership, node, mine)
     ends = _global_ends(local, mine, membership.rank, spec.world_size)
     remote = _remote_links(membership, nodes) if len(set(nodes)) > 1 else None
-    arena = ShmArena(base, mine.index(membership.rank))
+    arena = ShmArena(base, mine.index(membership.rank), len(mine))
     return Links(FramedTransport(ends, spec.name, nodes, spec.timeout_s, remote, arena), made,
                  arena if made else None)
 

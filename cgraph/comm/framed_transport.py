@@ -59,6 +59,9 @@ from cgraph.errors import (
 INBAND = 256
 """Messages up to this many bytes travel as bytes inside the tag's tuple (the channel's
 one-call path for small plain values) instead of as an out-of-band array."""
+NODE = -2
+"""The peer an error names for the node's barrier (``node_barrier``): all of this node's ranks."""
+
 
 Tag = tuple[str, str]
 """(context, signature) of one call: identical on every rank that takes part."""
@@ -174,6 +177,12 @@ class FramedTransport:
         with self._mapped("send to", dst):
             remote.wait_sent(dst)
 
+    def node_barrier(self) -> None:
+        """Wait for every rank of this node on the workspace's semaphores (``ShmArena.meet``)."""
+        assert self.arena is not None
+        with self._mapped("meet", NODE):
+            self.arena.meet(self.timeout)
+
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         """Close every link of this rank: peers blocked on them wake with an error."""
@@ -182,6 +191,8 @@ class FramedTransport:
                 end.close()
         if self._remote is not None:
             self._remote.close()
+        if self.arena is not None:
+            self.arena.close()
 
     def detach(self) -> None:
         """Drop this process's mappings (the store actor unlinks the segments)."""
@@ -266,6 +277,8 @@ class FramedTransport:
 
 
 def _peer(peer: int) -> str:
+    if peer == NODE:
+        return "the other ranks of this node"
     return "a peer" if peer < 0 else f"rank {peer}"
 
 

@@ -317,8 +317,26 @@ def check_collectives_across_nodes(on_head, on_two) -> None:
         ray.kill(members[3])
         survivors = ray.get([m.run.remote(allreduce_after_a_death, name) for m in members[:3]], timeout=90)
         report(f"collectives_across_nodes_{backend}", got=got, after_death=survivors)
+        pids = ray.get([m.pid.remote() for m in members[:3]], timeout=60)
         for m in members[:3]:
             ray.kill(m)
+        wait_gone(pids)  # the next compile frees a dead leader's segments; ray.kill returns at once
+
+
+def wait_gone(pids: list[int], limit_s: float = 30.0) -> None:
+    """Until none of ``pids`` is a live process (loopback "nodes": one machine's pids)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return
+        time.sleep(0.1)
 
 
 def check_gloo_across_nodes(a, b, c) -> None:

@@ -9,6 +9,7 @@ over it unchanged. Attacks aim only at the listeners these tests open.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -20,8 +21,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cgraph.channels.segments import unlink_channel
 from cgraph.collective.cpu_layout import _global_ends
 from cgraph.comm import algorithms, socket_links
+from cgraph.comm.algorithms import shared
+from cgraph.comm.arena import ShmArena
 from cgraph.comm.cpu_mesh import create_links
 from cgraph.comm.framed_transport import FramedTransport
 from cgraph.comm.types import ReduceOp
@@ -32,19 +36,24 @@ NODES = ("A", "A", "B", "B")
 
 def hybrid(work: Callable[[FramedTransport], Any], nodes: tuple[str, ...] = NODES,
            timeout: float = 20.0) -> list[Any]:
-    """Run ``work(transport)`` on every rank of ``nodes`` at once; results (or errors) by rank."""
+    """Run ``work(transport)`` on every rank of ``nodes`` at once; results (or errors) by rank.
+
+    Each node's ranks share a workspace (``ShmArena``), as a settled cpu group's do."""
     n = len(nodes)
-    made, local = [], {}
+    made, local, bases = [], {}, []
     for node in sorted(set(nodes)):
         mine = [r for r in range(n) if nodes[r] == node]
         channels, ends = create_links(f"t{uuid.uuid4().hex[:6]}", node, len(mine))
         made += channels
-        local.update({r: (ends[i], mine) for i, r in enumerate(mine)})
+        bases.append(f"cgraph_{os.getpid()}_t{uuid.uuid4().hex[:6]}")
+        local.update({r: (ends[i], mine, bases[-1]) for i, r in enumerate(mine)})
 
     def one(rank: int) -> Any:
-        ends, mine = local[rank]
-        remote = connect(rank, [r for r in range(n) if nodes[r] != nodes[rank]], timeout)
-        t = FramedTransport(_global_ends(ends, mine, rank, n), "g", nodes, timeout, remote)
+        ends, mine, base = local[rank]
+        remote = connect(rank, [r for r in range(n) if nodes[r] != nodes[rank]], timeout) \
+            if len(set(nodes)) > 1 else None
+        arena = ShmArena(base, mine.index(rank), len(mine))
+        t = FramedTransport(_global_ends(ends, mine, rank, n), "g", nodes, timeout, remote, arena)
         try:
             with t.calling(("g", "test")):
                 return work(t)
@@ -61,6 +70,8 @@ def hybrid(work: Callable[[FramedTransport], Any], nodes: tuple[str, ...] = NODE
     finally:
         for channel in made:
             channel.unlink()
+        for base in bases:
+            unlink_channel(base)
 
 
 SECRET = b"s" * 32
@@ -112,6 +123,71 @@ def test_every_algorithm_over_shared_memory_and_sockets_equals_numpy() -> None:
                 assert not isinstance(got, Exception), got
                 np.testing.assert_allclose(got[(algorithm, count)], want, rtol=1e-12, atol=1e-9,
                                            err_msg=f"{algorithm} {count} rank {rank}")
+
+
+@pytest.mark.parametrize("nodes", [NODES, ("A",) * 4])
+def test_shared_runs_as_itself_meeting_on_the_workspace_semaphores(nodes: tuple[str, ...]) -> None:
+    """Calls of changing sizes (the workspace grows, halves alternate) on two nodes of two
+    and one node of four: every rank gets numpy's sum, bit for bit alike, and the
+    barriers were the semaphores' (no barrier message crossed a link)."""
+    counts = (1000, 7, 3, 300_000, 1, 0, 50, 129, 2000) * 2
+    meetings: list[int] = []
+
+    def work(t: FramedTransport) -> list[np.ndarray]:
+        assert shared.shares(t)
+        real = t.node_barrier
+
+        def counted() -> None:
+            meetings.append(t.rank)
+            real()
+
+        t.node_barrier = counted  # type: ignore[method-assign]
+        outs = []
+        for count in counts:
+            buf = data(t.rank, count)
+            shared.allreduce_shared(t, buf, ReduceOp.SUM)
+            outs.append(buf)
+        return outs
+
+    got = hybrid(work, nodes)
+    for i, count in enumerate(counts):
+        want = np.stack([data(r, count) for r in range(4)]).sum(0)
+        np.testing.assert_allclose(got[0][i], want, rtol=1e-12, atol=1e-9)
+        assert all(np.array_equal(g[i], got[0][i]) for g in got), count
+    assert len(meetings) >= 4 * 2 * sum(1 for c in counts if c)  # two a call on every rank
+
+
+def test_a_rank_that_never_meets_times_out_naming_its_node() -> None:
+    def work(t: FramedTransport) -> Any:
+        shared.allreduce_shared(t, data(t.rank, 10), ReduceOp.SUM)  # maps the workspace
+        if t.rank == 0:
+            t.node_barrier()
+        elif t.rank == 1:
+            time.sleep(3.0)  # alive but absent past the timeout
+        return "done"
+
+    got = hybrid(work, timeout=1.5)
+    assert isinstance(got[0], CollectiveTimeoutError), got
+    assert "to meet the other ranks of this node" in str(got[0]) and "A 0,1; B 2,3" in str(got[0])
+
+
+def test_closing_wakes_a_rank_waiting_at_the_node_barrier() -> None:
+    def work(t: FramedTransport) -> Any:
+        shared.allreduce_shared(t, data(t.rank, 10), ReduceOp.SUM)
+        if t.rank == 0:
+            time.sleep(0.3)
+            t.close()
+        elif t.rank == 1:
+            start = time.monotonic()
+            try:
+                t.node_barrier()
+            except CollectiveGroupError as exc:
+                return exc, time.monotonic() - start
+        return "done"
+
+    got = hybrid(work, timeout=60.0)
+    exc, waited = got[1]
+    assert "could not meet the other ranks of this node" in str(exc) and waited < 10, got[1]
 
 
 def test_max_and_integers_cross_nodes_exactly() -> None:

@@ -4,21 +4,25 @@ Over links every step of a reduction pays a copy into a slot, a copy out and a
 wake-up. Ranks of one node can do better with memory they all map
 (``transport.arena``, ``comm.arena``)::
 
-    L ranks of a node, n bytes, workspace = L slots of n bytes
-    1 copy in      rank i writes its buffer into slot i            barrier
-    2 reduce       rank i reduces chunk i of every slot into slot 0's chunk i
-                   (slot 0 + slot 1 + ... in that order: one order, on one rank)
+    L ranks of a node, n bytes in L chunks, workspace = L slots of n bytes
+    1 copy in      rank i writes its buffer into slot i, all but chunk i     barrier
+    2 reduce       rank i reduces chunk i of every input into slot i's chunk i
+                   (its own from its buffer, the others' from their slots; rank 0 +
+                   rank 1 + ... in that order: one order, on one rank)
     3 rails        several nodes: rank i allreduces its finished chunk with the ranks of
-                   local index i on the other nodes (a ring over the rail), in place
-                   barrier
-    4 copy out     every rank copies slot 0 into its buffer        (barrier: only where
-                   the workspace holds one set of slots, which the next call overwrites)
+                   local index i on the other nodes (a ring over the rail), in place,
+                   and copies it into its buffer                             barrier
+    4 copy out     every rank copies chunk j from slot j, for every j but its own
+                   (barrier: only where the workspace holds one set of slots, which
+                   the next call overwrites)
 
-Per rank: 2n bytes copied and (L-1)/L n reduced inside the node, 2 barriers of
-ceil(log2 L) rounds (4 above ``DOUBLE_BUFFER_BYTES``, where one set of slots spans
-the workspace and a call waits for the last one to be done with it), and across nodes only its chunk's rail (n/L bytes): the
-hierarchical shape of ``reduction_server`` with shared memory for its node phases.
-Each element is reduced by one rank in one order, so every rank gets the same bits.
+Per rank: 2(L-1)/L n bytes copied and (L-1)/L n reduced inside the node, 2 barriers
+(4 above ``DOUBLE_BUFFER_BYTES``, where one set of slots spans the workspace and a
+call waits for the last one to be done with it), and across nodes only its chunk's
+rail (n/L bytes): the hierarchical shape of ``reduction_server`` with shared memory
+for its node phases. The barriers are the workspace's semaphores (``ShmArena.meet``)
+where the transport has them, messages over the links otherwise. Each element is
+reduced by one rank in one order, so every rank gets the same bits.
 
 Transports without a workspace (process groups, teams), node layouts of unequal
 sizes and one rank per node (nothing to share) run ``reduction_server`` instead
@@ -26,6 +30,10 @@ sizes and one rank per node (nothing to share) run ``reduction_server`` instead
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,9 +46,7 @@ from cgraph.comm.transport import Transport, node_layout
 from cgraph.comm.types import ReduceOp, combine
 
 BLOCK_BYTES = 128 << 10
-"""The reduction adds every slot into one block of the chunk before the next block, so
-that block stays in the cache: each input is read once and the result written once,
-instead of the result read and written once per slot."""
+"""The reduction's block (``_reduce_chunk``): small enough that the partial sum stays in the cache."""
 DOUBLE_BUFFER_BYTES = 64 << 20
 """Workspaces up to this size hold two sets of slots, used in turn: a call may then start
 copying in while a slower rank still copies the last call's result out, which saves the
@@ -49,8 +55,36 @@ last barrier."""
 
 def shares(transport: Transport) -> bool:
     """Whether "shared" runs as itself here: a node workspace, and nodes of equal size > 1."""
-    sizes = {t.size for t in node_teams(node_layout(transport))}
+    sizes = {t.size for t in _plan(node_layout(transport), transport.rank).teams}
     return getattr(transport, "arena", None) is not None and len(sizes) == 1 and sizes != {1}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Who is who for one layout and rank (the same every call: computed once)."""
+
+    teams: tuple[Team, ...]
+    mine: Team
+    local: int
+    rail: Team
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(layout: tuple[Hashable, ...], rank: int) -> _Plan:
+    teams = node_teams(layout)
+    mine = next(t for t in teams if rank in t.ranks)
+    local = mine.team_rank(rank)
+    return _Plan(teams, mine, local, Team(tuple(t.ranks[local] for t in teams if t.size > local)))
+
+
+def meet(transport: Transport, node: Transport) -> None:
+    """The node's barrier: the workspace's semaphores where the transport has them
+    (``node_barrier``: L-1 posts, one sleep), else messages over the node's links."""
+    node_barrier = getattr(transport, "node_barrier", None)
+    if node_barrier is not None:
+        node_barrier()
+    else:
+        barrier(node)
 
 
 def allreduce_shared(transport: Transport, buf: np.ndarray, op: ReduceOp = ReduceOp.SUM) -> None:
@@ -58,36 +92,50 @@ def allreduce_shared(transport: Transport, buf: np.ndarray, op: ReduceOp = Reduc
     if not shares(transport):
         allreduce_reduction_server(transport, buf, op)
         return
-    teams = node_teams(node_layout(transport))
+    plan = _plan(node_layout(transport), transport.rank)
     arena = transport.arena  # type: ignore[attr-defined]
     flat = flat_view(buf)
     if flat.size == 0:
         return
-    mine = next(t for t in teams if transport.rank in t.ranks)
-    local = mine.team_rank(transport.rank)
-    node = transport if len(teams) == 1 else TeamTransport(transport, mine)
-    half = mine.size * flat.nbytes
+    size, local = plan.mine.size, plan.local
+    node = transport if len(plan.teams) == 1 else TeamTransport(transport, plan.mine)
+    half = size * flat.nbytes
     halves = 2 if 2 * half <= DOUBLE_BUFFER_BYTES else 1
     region = arena.view(halves * half, lambda: barrier(node))
     # the halves sit at fixed places (a call of another size must not overlap a slower
     # rank's last call); the region only grows between calls (a barrier inside ``view``)
     at = region.nbytes // 2 * arena.turn() if halves == 2 else 0
     if halves == 1:
-        barrier(node)  # one set of slots over the whole region: the last call's must be done
-    slots = region[at : at + half].view(flat.dtype).reshape(mine.size, flat.size)
-    slots[local] = flat
-    barrier(node)
-    lo, hi = chunk_bounds(flat.size, mine.size)[local]
-    done = slots[0, lo:hi]
-    step = max(1, BLOCK_BYTES // flat.itemsize)
-    for b in range(lo, hi, step):  # block by block: the partial sum stays in the cache
-        block = slice(b, min(b + step, hi))
-        for s in range(1, mine.size):
-            combine(op, slots[0, block], slots[s, block], slots[0, block])
-    if len(teams) > 1:
-        rail = Team(tuple(t.ranks[local] for t in teams))
-        allreduce_ring(TeamTransport(transport, rail), done, op)
-    barrier(node)
-    flat[:] = slots[0]
+        meet(transport, node)  # one set of slots over the whole region: the last call's must be done
+    slots = region[at : at + half].view(flat.dtype).reshape(size, flat.size)
+    bounds = chunk_bounds(flat.size, size)
+    lo, hi = bounds[local]
+    slots[local, :lo], slots[local, hi:] = flat[:lo], flat[hi:]  # chunk ``local`` stays here
+    meet(transport, node)
+    _reduce_chunk(op, flat, slots, local, lo, hi)
+    if len(plan.teams) > 1:
+        allreduce_ring(TeamTransport(transport, plan.rail), slots[local, lo:hi], op)
+    flat[lo:hi] = slots[local, lo:hi]
+    meet(transport, node)
+    for j, (a, b) in enumerate(bounds):
+        if j != local:
+            flat[a:b] = slots[j, a:b]  # chunk j's result, where rank j left it
     if halves == 1:
-        barrier(node)  # the next call writes these slots; with two halves it writes the other
+        meet(transport, node)  # the next call writes these slots; with two halves it writes the other
+
+
+def _reduce_chunk(op: ReduceOp, flat: np.ndarray, slots: np.ndarray, local: int, lo: int, hi: int) -> None:
+    """Chunk ``local`` of every rank's input, reduced in rank order into ``slots[local]``.
+
+    This rank's own part is read from ``flat`` (it never went into its slot). Block by
+    block, so the partial sum stays in the cache: each input is read once and the
+    result written once, instead of the result read and written once per slot.
+    """
+    inputs = [flat if s == local else slots[s] for s in range(slots.shape[0])]
+    out = slots[local]
+    step = max(1, BLOCK_BYTES // flat.itemsize)
+    for b in range(lo, hi, step):
+        block = slice(b, min(b + step, hi))
+        combine(op, inputs[0][block], inputs[1][block], out[block])
+        for s in range(2, len(inputs)):
+            combine(op, out[block], inputs[s][block], out[block])
