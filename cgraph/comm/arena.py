@@ -46,6 +46,9 @@ from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 MIN_CAPACITY = 1 << 20
 STRIDE = 64
 """Bytes per semaphore in ``<base>_0`` (one cache line each); the closed flag is word 0."""
+BOARD = 32
+"""Bytes per rank of the board after the semaphores: pid, a buffer's address, a verdict, spare
+(``algorithms.shared``'s reads of its peers' buffers, ``peer_memory``)."""
 POLL_NS = 150_000_000
 """A sleeper in ``meet`` re-checks the closed flag this often (a lost wake-up costs this)."""
 
@@ -69,6 +72,8 @@ class ShmArena:
         self._mm: mmap.mmap | None = None
         self._view: np.ndarray | None = None
         self._sync: mmap.mmap | None = None
+        self.board: np.ndarray | None = None  # (node_size, 4) int64 in <base>_0, one row per rank
+        self.peer_reads: bool | None = None  # may the node's ranks read each other (``peer_memory``)?
         self._flag: np.ndarray | None = None  # word 0 of <base>_0: 1 once closed
         self._sems: list[Semaphore] = []
 
@@ -122,7 +127,8 @@ class ShmArena:
         first = self._sync is None
         if self._node_rank == 0:
             if first:
-                self._map_sync(create_segment(f"{self.base}_0", STRIDE * (self._size + 1)), init=True)
+                self._map_sync(create_segment(f"{self.base}_0", STRIDE * (self._size + 1) + BOARD * self._size),
+                               init=True)
             mm = create_segment(name, 1 << k)
             if self._k:
                 unlink_quietly(f"{self.base}_{self._k}")  # mapped views keep their pages
@@ -140,6 +146,8 @@ class ShmArena:
         base = ctypes.addressof(anchor)
         self._sync, self._flag = mm, np.frombuffer(mm, dtype=np.uint64, count=1)
         self._sems = [Semaphore(base + STRIDE * (j + 1), anchor) for j in range(self._size)]
+        self.board = np.frombuffer(mm, dtype=np.int64, count=4 * self._size,
+                                   offset=STRIDE * (self._size + 1)).reshape(self._size, 4)
         if init:
             for sem in self._sems:
                 sem.init(0)

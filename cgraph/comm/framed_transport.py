@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from cgraph.channels.segments import unlink_channel
+from cgraph.comm import peer_memory
 from cgraph.comm.arena import ShmArena
 from cgraph.comm.cpu_mesh import LinkEnds
 from cgraph.comm.socket_links import SocketLinks
@@ -182,6 +183,13 @@ class FramedTransport:
         assert self.arena is not None
         with self._mapped("meet", NODE):
             self.arena.meet(self.timeout)
+
+    def peer_read(self, peer: int, pid: int, address: int, out: np.ndarray) -> None:
+        """Copy from a node peer's buffer into ``out`` (``peer_memory.read``), errors as the group's."""
+        try:
+            peer_memory.read(pid, address, out)
+        except OSError as exc:
+            raise self._closed("read the buffer of", peer, f" ({exc})") from None
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

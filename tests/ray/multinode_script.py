@@ -290,7 +290,23 @@ def every_collective(name: str, world: int, rank: int, backend: str) -> dict:
                 calls += 1
                 if not all(np.array_equal(np.asarray(p), every[r]) for r, p in enumerate(parts)):
                     wrong.append(f"allgather {algorithm} {size} {kind}")
-    return {"rank": rank, "node": ray.get_runtime_context().get_node_id(), "calls": calls, "wrong": wrong}
+    big = 1 << 22  # 16 MiB of float32: "shared" reads its peers' tensors where the kernel lets it
+    every = np.stack([rank_input(r, big) for r in range(world)])
+    for kind in ("numpy", "torch"):
+        x = rank_input(rank, big)
+        col.allreduce(torch.from_numpy(x) if kind == "torch" else x, name, algorithm="shared")
+        calls += 1
+        if not np.allclose(x, every.sum(0), rtol=1e-5, atol=1e-3):
+            wrong.append(f"allreduce shared sum {big} {kind}")
+    return {"rank": rank, "node": ray.get_runtime_context().get_node_id(), "calls": calls, "wrong": wrong,
+            "peer_reads": _peer_reads(name) if backend == "cpu" else None}
+
+
+def _peer_reads(name: str) -> bool | None:
+    """Whether this rank's node settled on reading its peers' tensors (``comm.peer_memory``)."""
+    from cgraph.collective import groups
+
+    return groups.lookup(name).comm._mesh.settled.transport.arena.peer_reads
 
 
 def allreduce_after_a_death(name: str) -> str:

@@ -116,6 +116,9 @@ def test_every_algorithm_across_nodes_equals_numpy(checks, backend):
     assert got[0]["node"] == got[1]["node"] != got[2]["node"] == got[3]["node"]
     assert all(g["wrong"] == [] for g in got), [g["wrong"] for g in got]
     assert len({g["calls"] for g in got}) == 1 and got[0]["calls"] > 100
+    if backend == "cpu":  # 16 MiB "shared" asked each node once whether its ranks may read each other
+        assert all(g["peer_reads"] is not None for g in got), got
+        assert got[0]["peer_reads"] == got[1]["peer_reads"] and got[2]["peer_reads"] == got[3]["peer_reads"]
 
 
 @pytest.mark.parametrize("backend", ["gloo", "cpu"])

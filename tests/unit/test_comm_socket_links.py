@@ -157,6 +157,72 @@ def test_shared_runs_as_itself_meeting_on_the_workspace_semaphores(nodes: tuple[
     assert len(meetings) >= 4 * 2 * sum(1 for c in counts if c)  # two a call on every rank
 
 
+@pytest.mark.parametrize("nodes", [NODES, ("A",) * 4])
+@pytest.mark.parametrize("readable", [True, False])
+def test_large_calls_read_the_peers_tensors_where_the_kernel_lets_them(
+        monkeypatch: pytest.MonkeyPatch, nodes: tuple[str, ...], readable: bool) -> None:
+    """Above ``CMA_MIN_BYTES`` (lowered here) the ranks read each other's tensors
+    (``peer_memory``); where one rank of a node may not, the whole node keeps the
+    workspace. Either way every rank gets numpy's sum, bit for bit alike."""
+    from cgraph.comm import peer_memory
+
+    monkeypatch.setattr(shared, "CMA_MIN_BYTES", 4096)
+    monkeypatch.setattr(shared, "CMA_BLOCK_BYTES", 1000)  # several blocks, a ragged last one
+    real_probe = peer_memory.probe
+    monkeypatch.setattr(peer_memory, "probe", lambda pid, address, expected:
+                        readable and real_probe(pid, address, expected))
+    counts = (100, 9000, 3, 40_000, 0, 9000) * 2
+    reads: list[int] = []
+
+    def work(t: FramedTransport) -> list[np.ndarray]:
+        real = t.peer_read
+
+        def counted(peer: int, pid: int, address: int, out: np.ndarray) -> None:
+            reads.append(t.rank)
+            real(peer, pid, address, out)
+
+        t.peer_read = counted  # type: ignore[method-assign]
+        outs = []
+        for count in counts:
+            buf = data(t.rank, count)
+            shared.allreduce_shared(t, buf, ReduceOp.SUM)
+            outs.append(buf)
+        return outs
+
+    got = hybrid(work, nodes)
+    for i, count in enumerate(counts):
+        want = np.stack([data(r, count) for r in range(4)]).sum(0)
+        assert not isinstance(got[0], Exception), got[0]
+        np.testing.assert_allclose(got[0][i], want, rtol=1e-12, atol=1e-9)
+        assert all(np.array_equal(g[i], got[0][i]) for g in got), count
+    assert bool(reads) == readable and (not readable or set(reads) == {0, 1, 2, 3})
+
+
+def test_a_peer_read_that_fails_mid_call_is_the_groups_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cgraph.comm import peer_memory
+
+    monkeypatch.setattr(shared, "CMA_MIN_BYTES", 4096)
+    real_read = peer_memory.read
+
+    def work(t: FramedTransport) -> Any:
+        shared.allreduce_shared(t, data(t.rank, 1000), ReduceOp.SUM)  # agrees peers are readable
+        if t.rank == 1:
+            monkeypatch.setattr(peer_memory, "read", _gone)
+        try:
+            shared.allreduce_shared(t, data(t.rank, 1000), ReduceOp.SUM)
+        finally:
+            monkeypatch.setattr(peer_memory, "read", real_read)
+        return "done"
+
+    got = hybrid(work, ("A",) * 4, timeout=3.0)  # the ranks are threads: every read fails
+    assert all(isinstance(g, CollectiveGroupError) for g in got), got
+    assert any("could not read the buffer of rank" in str(g) for g in got), got
+
+
+def _gone(*args: Any) -> None:
+    raise ProcessLookupError(3, "No such process")
+
+
 def test_a_rank_that_never_meets_times_out_naming_its_node() -> None:
     def work(t: FramedTransport) -> Any:
         shared.allreduce_shared(t, data(t.rank, 10), ReduceOp.SUM)  # maps the workspace
