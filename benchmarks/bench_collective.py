@@ -7,7 +7,7 @@ A section is a layout, nodes x ranks per node: 1x4 and 1x8 run on a one-node
 Ray instance, 2x2 and 2x4 on a ``ray.cluster_utils.Cluster`` of two nodes on
 this machine (actors placed by the nodes' custom resources). In each, the
 actors (num_cpus=0) join one "cpu" group (cgraph's algorithms: shared memory
-within a node, gloo's TCP between nodes) and one "gloo" group
+within a node, one authenticated TCP connection per pair between nodes) and one "gloo" group
 (torch.distributed's ProcessGroupGloo; the baseline calls its ``allreduce``
 directly), the cost model is fitted for the cpu group (``cgraph.collective.tune``),
 then for 1, 4 and 16 MiB of float32 every algorithm, ``algorithm="auto"`` and

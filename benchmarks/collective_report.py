@@ -40,7 +40,8 @@ def render_markdown(results: dict[str, Any]) -> str:
            "of the round medians in brackets. pred = what `auto` compares (the cost model with "
            "the group's fitted parameters times the algorithm's measured/model ratio); "
            "err = largest |result - float64 sum| (inputs in [0, 1)). \"cpu\" groups run "
-           "cgraph's algorithms over shared memory within a node and gloo between nodes; "
+           "cgraph's algorithms over shared memory within a node and their own authenticated "
+           "TCP connections between nodes; "
            "gloo (baseline) is `ProcessGroupGloo.allreduce` called directly.", "", LOOPBACK, ""]
     for name, section in results["sections"].items():
         if section.get("status") != "ok":
