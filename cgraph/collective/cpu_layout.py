@@ -118,6 +118,7 @@ def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
     """Authenticated sockets to the ranks on other nodes (``comm.socket_links``)."""
     import ray
 
+    from cgraph.channels import tls
     from cgraph.comm import socket_links
 
     spec, rank = membership.spec, membership.rank
@@ -127,7 +128,7 @@ def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
         ray.util.get_node_ip_address(),
         publish=lambda address: _set(membership, f"addr/{rank}", address.encode()),
         address_of=lambda r: _get(membership, f"addr/{r}", f"rank {r}'s address").decode(),
-        timeout=spec.timeout_s)
+        timeout=spec.timeout_s, use_tls=tls.wanted(None))
 
 
 def _set(membership: Any, key: str, value: bytes) -> None:

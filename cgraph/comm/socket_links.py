@@ -29,6 +29,14 @@ before a byte of it is read; the claim names the group and the connecting rank,
 each rank may connect once, and strangers are closed and counted. The lower
 rank of a pair dials, the higher accepts.
 
+**TLS.** Where the rank's process asks for it (``CGRAPH_TLS=1`` or Ray's
+``RAY_USE_TLS=1``, ``channels.tls``), each connection runs mutual TLS 1.2+ first, with
+the certificates of the graph's channels, and the HMAC challenge inside it. A TLS
+socket takes no flags and no ``sendmsg``: a post hands its whole message to the
+pair's thread, and an exchange switches its sockets to non-blocking for its poll
+loop (reading what TLS has already decrypted before polling). Every rank of a group
+must agree (a cluster's TLS settings do): a plain peer fails the TLS handshake.
+
 Errors are the channel's: no data within the group's timeout gives
 ``ChannelTimeoutError``; a peer that closed or died gives ``ChannelClosedError``.
 ``close`` shuts the sockets down, which wakes the peers blocked on them.
@@ -39,13 +47,14 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cgraph.channels import handshake
+from cgraph.channels import handshake, tls
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
 HEADER = 16
@@ -73,6 +82,9 @@ class SocketLinks:
         header = fingerprint + raw.size.to_bytes(8, "little")
         sender = self._senders[dst]
         sender.wait(self._timeout)  # the pair's previous message has left
+        if isinstance(self._socks[dst], ssl.SSLSocket):
+            sender.start([memoryview(header), memoryview(raw)])  # TLS: no flags, no sendmsg
+            return
         try:
             sent = self._socks[dst].sendmsg([header, raw], [], socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -112,9 +124,27 @@ class SocketLinks:
         into = _Incoming(fingerprint, raw_in)
         dst_sock, src_sock = self._socks[dst], self._socks[src]
         self._senders[dst].wait(self._timeout)
+        secure = [sock for sock in {dst_sock, src_sock} if isinstance(sock, ssl.SSLSocket)]
+        for sock in secure:
+            sock.setblocking(False)
+        try:
+            return self._exchange(out, into, dst, dst_sock, src, src_sock)
+        finally:
+            for sock in secure:
+                sock.settimeout(self._timeout)
+
+    def _exchange(self, out: _Progress, into: _Incoming, dst: int, dst_sock: socket.socket,
+                  src: int, src_sock: socket.socket) -> bool:
         poller = select.poll()
         deadline = time.monotonic() + self._timeout
         while not (out.done and into.done):
+            if not into.done and tls.pending(src_sock):  # decrypted already: poll would not say
+                try:
+                    if not into.advance(src_sock):
+                        return False
+                except OSError as exc:
+                    raise ChannelClosedError(f"exchange with ranks {dst} and {src}: {exc}") from exc
+                continue
             events: dict[int, int] = {}
             if not out.done:
                 events[dst_sock.fileno()] = select.POLLOUT
@@ -160,7 +190,7 @@ class SocketLinks:
         self._closed = True
         for sock in self._socks.values():
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # a sender thread's sendall fails at once
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # a sender's sendall fails at once
         for sender in self._senders.values():
             sender.stop()
         for sock in self._socks.values():
@@ -232,23 +262,25 @@ class _Sender:
 # --------------------------------------------------------------------------- connecting
 def connect(rank: int, peers: Sequence[int], secret: bytes, claim_prefix: str, host: str,
             publish: Callable[[str], None], address_of: Callable[[int], str],
-            timeout: float) -> SocketLinks:
+            timeout: float, use_tls: bool = False) -> SocketLinks:
     """Connect this rank to each of ``peers`` (ranks on other nodes), authenticated.
 
     Args:
         publish: posts this rank's listening address ("host:port") for the others.
         address_of: the address a peer published (waits for it).
+        use_tls: run TLS (``channels.tls``) on every connection, the HMAC inside it.
     """
     lower = [p for p in peers if p < rank]
     listener = socket.create_server((host, 0), backlog=max(len(lower), 1) + 4)
     socks: dict[int, socket.socket] = {}
     try:
         accepting = threading.Thread(target=_accept, args=(listener, set(lower), secret, claim_prefix,
-                                                           socks, timeout), daemon=True)
+                                                           socks, timeout, use_tls), daemon=True)
         accepting.start()
         publish(f"{host}:{listener.getsockname()[1]}")
         for peer in (p for p in peers if p > rank):
-            socks[peer] = _dial(address_of(peer), secret, f"{claim_prefix} {rank}".encode(), timeout)
+            socks[peer] = _dial(address_of(peer), secret, f"{claim_prefix} {rank}".encode(), timeout,
+                                use_tls)
         accepting.join(timeout)
         missing = [p for p in lower if p not in socks]
         if missing:
@@ -264,12 +296,16 @@ def connect(rank: int, peers: Sequence[int], secret: bytes, claim_prefix: str, h
     return SocketLinks(socks, timeout)
 
 
-def _dial(address: str, secret: bytes, claim: bytes, timeout: float) -> socket.socket:
+def _dial(address: str, secret: bytes, claim: bytes, timeout: float, use_tls: bool) -> socket.socket:
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=timeout)
     try:
         sock.setblocking(False)
-        handshake.prove(sock, secret, claim, time.monotonic() + handshake.HANDSHAKE_S)
+        deadline = time.monotonic() + handshake.HANDSHAKE_S
+        if use_tls:
+            sock = tls.wrap(sock, server_side=False)
+            tls.handshake(sock, deadline)  # type: ignore[arg-type]
+        handshake.prove(sock, secret, claim, deadline)
         sock.setblocking(True)
     except BaseException:
         sock.close()
@@ -278,7 +314,7 @@ def _dial(address: str, secret: bytes, claim: bytes, timeout: float) -> socket.s
 
 
 def _accept(listener: socket.socket, expected: set[int], secret: bytes, claim_prefix: str,
-            socks: dict[int, socket.socket], timeout: float) -> None:
+            socks: dict[int, socket.socket], timeout: float, use_tls: bool) -> None:
     """Admit each expected rank once; close every connection that fails to prove itself."""
     deadline = time.monotonic() + timeout
 
@@ -296,6 +332,10 @@ def _accept(listener: socket.socket, expected: set[int], secret: bytes, claim_pr
         except OSError:
             return  # the listener was closed
         try:
+            if use_tls:
+                sock.setblocking(False)
+                sock = tls.wrap(sock, server_side=True)
+                tls.handshake(sock, time.monotonic() + handshake.HANDSHAKE_S)  # type: ignore[arg-type]
             sock.settimeout(handshake.HANDSHAKE_S)
             acceptor = handshake.Acceptor(lookup)
             sock.sendall(acceptor.challenge)
@@ -308,7 +348,7 @@ def _accept(listener: socket.socket, expected: set[int], secret: bytes, claim_pr
             sock.sendall(proof)
             sock.settimeout(None)
             socks[int(acceptor.claim.decode().rpartition(" ")[2])] = sock  # type: ignore[union-attr]
-        except (handshake.AuthError, OSError) as exc:
+        except (handshake.AuthError, OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             handshake.logger.warning("cpu group links: refused a connection: %s", exc)
             sock.close()
 
@@ -325,8 +365,11 @@ class _Progress:
 
     def advance(self, sock: socket.socket) -> None:
         try:
-            sent = sock.sendmsg(self._parts, [], socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
+            if isinstance(sock, ssl.SSLSocket):  # non-blocking here (``exchange``); one part a call
+                sent = sock.send(self._parts[0])
+            else:
+                sent = sock.sendmsg(self._parts, [], socket.MSG_DONTWAIT)
+        except tls.WOULD_BLOCK:
             return
         while sent and self._parts:
             head = self._parts[0]
@@ -353,8 +396,8 @@ class _Incoming:
                 view = memoryview(self._header)[self._got:]
             else:
                 view = self._payload[self._got - HEADER:]
-            n = sock.recv_into(view, 0, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
+            n = sock.recv_into(view, 0, 0 if isinstance(sock, ssl.SSLSocket) else socket.MSG_DONTWAIT)
+        except tls.WOULD_BLOCK:
             return True
         if n == 0:
             raise ConnectionResetError("it closed the connection")

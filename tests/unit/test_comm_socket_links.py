@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cgraph.channels import handshake
 from cgraph.channels.segments import unlink_channel
 from cgraph.collective.cpu_layout import _global_ends
 from cgraph.comm import algorithms, socket_links
@@ -35,7 +37,7 @@ NODES = ("A", "A", "B", "B")
 
 
 def hybrid(work: Callable[[FramedTransport], Any], nodes: tuple[str, ...] = NODES,
-           timeout: float = 20.0) -> list[Any]:
+           timeout: float = 20.0, use_tls: bool = False) -> list[Any]:
     """Run ``work(transport)`` on every rank of ``nodes`` at once; results (or errors) by rank.
 
     Each node's ranks share a workspace (``ShmArena``), as a settled cpu group's do."""
@@ -50,8 +52,8 @@ def hybrid(work: Callable[[FramedTransport], Any], nodes: tuple[str, ...] = NODE
 
     def one(rank: int) -> Any:
         ends, mine, base = local[rank]
-        remote = connect(rank, [r for r in range(n) if nodes[r] != nodes[rank]], timeout) \
-            if len(set(nodes)) > 1 else None
+        remote = connect(rank, [r for r in range(n) if nodes[r] != nodes[rank]], timeout,
+                         use_tls=use_tls) if len(set(nodes)) > 1 else None
         arena = ShmArena(base, mine.index(rank), len(mine))
         t = FramedTransport(_global_ends(ends, mine, rank, n), "g", nodes, timeout, remote, arena)
         try:
@@ -78,7 +80,7 @@ SECRET = b"s" * 32
 
 
 def connect(rank: int, peers: list[int], timeout: float, secret: bytes = SECRET,
-            addresses: dict[int, str] | None = None) -> socket_links.SocketLinks:
+            addresses: dict[int, str] | None = None, use_tls: bool = False) -> socket_links.SocketLinks:
     book = _BOOK if addresses is None else addresses
 
     def publish(address: str) -> None:
@@ -92,7 +94,7 @@ def connect(rank: int, peers: list[int], timeout: float, secret: bytes = SECRET,
             return book[peer]
 
     return socket_links.connect(rank, peers, secret, "cpu-links g.x", "127.0.0.1", publish,
-                                address_of, timeout)
+                                address_of, timeout, use_tls)
 
 
 _BOOK: dict[int, str] = {}
@@ -341,7 +343,7 @@ def test_closing_wakes_a_peer_on_another_node() -> None:
     assert isinstance(got[2], CollectiveGroupError) and "could not receive from rank 0" in str(got[2])
 
 
-def _pair_with_a_stranger(stranger: Callable[[str], None]) -> tuple[Any, Any]:
+def _pair_with_a_stranger(stranger: Callable[[str], None], use_tls: bool = False) -> tuple[Any, Any]:
     """Rank 0 dials rank 1; a stranger reaches rank 1's listener first."""
     book: dict[int, str] = {}
     seen = threading.Event()
@@ -356,7 +358,7 @@ def _pair_with_a_stranger(stranger: Callable[[str], None]) -> tuple[Any, Any]:
     def rank1() -> None:
         try:
             results[1] = socket_links.connect(1, [0], SECRET, "cpu-links g.x", "127.0.0.1",
-                                              publish_then_attack, lambda _r: "", 10.0)
+                                              publish_then_attack, lambda _r: "", 10.0, use_tls)
         except Exception as exc:  # noqa: BLE001 - inspected below
             results[1] = exc
 
@@ -364,7 +366,7 @@ def _pair_with_a_stranger(stranger: Callable[[str], None]) -> tuple[Any, Any]:
     thread.start()
     assert seen.wait(10)
     results[0] = socket_links.connect(0, [1], SECRET, "cpu-links g.x", "127.0.0.1",
-                                      lambda _a: None, lambda _r: book[1], 10.0)
+                                      lambda _a: None, lambda _r: book[1], 10.0, use_tls)
     thread.join(20)
     return results[0], results[1]
 
@@ -378,12 +380,97 @@ def _garbage(address: str) -> None:
 
 def _wrong_secret(address: str) -> None:
     with pytest.raises(Exception):  # noqa: B017,PT011 - refused either way
-        socket_links._dial(address, b"w" * 32, b"cpu-links g.x 0", 3.0)
+        socket_links._dial(address, b"w" * 32, b"cpu-links g.x 0", 3.0, False)
 
 
 @pytest.mark.parametrize("stranger", [_garbage, _wrong_secret], ids=["garbage", "wrong-secret"])
 def test_a_stranger_is_refused_and_the_real_peer_still_connects(stranger: Callable[[str], None]) -> None:
     first, second = _pair_with_a_stranger(stranger)
+    assert isinstance(second, socket_links.SocketLinks), second
+    try:
+        buf = np.arange(5.0)
+        first.send(b"f" * 8, buf, 1)
+        got = np.zeros(5)
+        assert second.recv(b"f" * 8, got, 0) and got.tolist() == buf.tolist()
+    finally:
+        first.close()
+        second.close()
+
+
+# --------------------------------------------------------------------------- TLS
+@pytest.fixture
+def certs(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This process has a certificate of a test CA (``channels.tls`` reads the environment)."""
+    trustme = pytest.importorskip("trustme")
+    from cgraph.channels import tls
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    for name, blob in (("CGRAPH_TLS_CERT", cert.cert_chain_pems[0]),
+                       ("CGRAPH_TLS_KEY", cert.private_key_pem), ("CGRAPH_TLS_CA", ca.cert_pem)):
+        blob.write_to_path(str(tmp_path / name))
+        monkeypatch.setenv(name, str(tmp_path / name))
+    tls.context.cache_clear()
+    yield ca
+    tls.context.cache_clear()
+
+
+def test_every_algorithm_over_tls_equals_numpy(certs: Any) -> None:
+    """The links between nodes run TLS: whole messages through the pair's thread, exchanges
+    in a non-blocking poll loop (both directions on one socket where the rail has 2 ranks)."""
+    counts = (0, 7, 300_000)
+
+    def work(t: FramedTransport) -> dict[tuple[str, int], Any]:
+        kinds = {type(s).__name__ for s in t._remote._socks.values()}  # type: ignore[union-attr]
+        got: dict[tuple[str, int], Any] = {("kinds", 0): kinds}
+        for algorithm in ("ring", "reduction_server", "shared", "butterfly"):
+            for count in counts:
+                buf = data(t.rank, count)
+                algorithms.allreduce(t, buf, ReduceOp.SUM, algorithm)
+                got[(algorithm, count)] = buf
+        return got
+
+    results = hybrid(work, use_tls=True)
+    assert all(not isinstance(r, Exception) for r in results), results
+    assert all(r[("kinds", 0)] == {"SSLSocket"} for r in results)
+    for count in counts:
+        want = np.stack([data(r, count) for r in range(4)]).sum(0)
+        for key in (k for k in results[0] if k[1] == count and k[0] != "kinds"):
+            for got in results:
+                np.testing.assert_allclose(got[key], want, rtol=1e-12, atol=1e-9, err_msg=str(key))
+
+
+def _plain_with_the_secret(address: str) -> None:
+    with pytest.raises(Exception):  # noqa: B017,PT011 - the TLS listener refuses plain TCP
+        socket_links._dial(address, SECRET, b"cpu-links g.x 0", 3.0, False)
+
+
+def _tls_of_another_ca(address: str) -> None:
+    import trustme
+
+    from cgraph.channels import tls
+
+    other = trustme.CA()
+    cert = other.issue_cert("127.0.0.1")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    cert.configure_cert(ctx)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    host, port = address.rsplit(":", 1)
+    raw = socket.create_connection((host, int(port)), timeout=3)
+    # the listener wants a certificate of its CA: the TLS handshake fails, or (TLS 1.3, where
+    # the client finishes first) the listener closes before sending its challenge
+    with pytest.raises((ssl.SSLError, OSError, handshake.AuthError)):
+        with ctx.wrap_socket(raw) as sock:
+            sock.settimeout(3)
+            handshake.prove(sock, SECRET, b"cpu-links g.x 0", time.monotonic() + 3)
+    assert tls.context(True) is not None  # the listener's own context is still this CA's
+
+
+@pytest.mark.parametrize("stranger", [_plain_with_the_secret, _tls_of_another_ca],
+                         ids=["plain-tcp-with-the-secret", "tls-of-another-ca"])
+def test_a_tls_listener_refuses_plain_peers_and_foreign_certificates(
+        certs: Any, stranger: Callable[[str], None]) -> None:
+    first, second = _pair_with_a_stranger(stranger, use_tls=True)
     assert isinstance(second, socket_links.SocketLinks), second
     try:
         buf = np.arange(5.0)
