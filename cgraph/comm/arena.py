@@ -18,11 +18,12 @@ first generation): each rank posts one token to every other rank's semaphore,
 then takes L-1 from its own. Over links a barrier is ceil(log2 L) rounds of
 messages; here it is L-1 posts and one sleep in the kernel (4 processes, 4 MiB, on
 the 2-core machine: "shared" went from 1.78-1.94x faster than gloo to 1.93-2.07x in
-three paired runs). Tokens
-cannot cross barriers: a rank leaves barrier k only after every rank has posted
-its k-th tokens, so its L-1 tokens of barrier k all exist by then, and no rank
-posts for k+1 before leaving k. ``close`` marks the segment closed and wakes
-every sleeper, which then raises.
+three paired runs). Tokens cannot cross barriers: a rank leaves barrier k only
+after every rank has posted its k-th tokens, so its L-1 tokens of barrier k all
+exist by then, and no rank posts for k+1 before leaving k. ``close`` marks the
+segment closed and wakes every sleeper, which then raises. After the semaphores,
+``<base>_0`` holds a board of one row per rank (pid, a buffer's address, a verdict)
+for ``algorithms.shared``'s reads of its peers' tensors (``peer_memory``).
 
 Segments are named ``<base>_<k>`` after the base that the mesh's maker drew
 (``segment_name``: its pid, so the next store or compile on the node frees them

@@ -127,6 +127,24 @@ def test_every_algorithm_over_shared_memory_and_sockets_equals_numpy() -> None:
                                            err_msg=f"{algorithm} {count} rank {rank}")
 
 
+def _shared_calls(t: FramedTransport, counts: tuple[int, ...]) -> list[np.ndarray]:
+    outs = []
+    for count in counts:
+        buf = data(t.rank, count)
+        shared.allreduce_shared(t, buf, ReduceOp.SUM)
+        outs.append(buf)
+    return outs
+
+
+def _assert_sums_alike(got: list[Any], counts: tuple[int, ...]) -> None:
+    """Every rank got numpy's sum of the 4 ranks' data, bit for bit alike."""
+    assert not any(isinstance(g, Exception) for g in got), got
+    for i, count in enumerate(counts):
+        want = np.stack([data(r, count) for r in range(4)]).sum(0)
+        np.testing.assert_allclose(got[0][i], want, rtol=1e-12, atol=1e-9)
+        assert all(np.array_equal(g[i], got[0][i]) for g in got), count
+
+
 @pytest.mark.parametrize("nodes", [NODES, ("A",) * 4])
 def test_shared_runs_as_itself_meeting_on_the_workspace_semaphores(nodes: tuple[str, ...]) -> None:
     """Calls of changing sizes (the workspace grows, halves alternate) on two nodes of two
@@ -144,18 +162,9 @@ def test_shared_runs_as_itself_meeting_on_the_workspace_semaphores(nodes: tuple[
             real()
 
         t.node_barrier = counted  # type: ignore[method-assign]
-        outs = []
-        for count in counts:
-            buf = data(t.rank, count)
-            shared.allreduce_shared(t, buf, ReduceOp.SUM)
-            outs.append(buf)
-        return outs
+        return _shared_calls(t, counts)
 
-    got = hybrid(work, nodes)
-    for i, count in enumerate(counts):
-        want = np.stack([data(r, count) for r in range(4)]).sum(0)
-        np.testing.assert_allclose(got[0][i], want, rtol=1e-12, atol=1e-9)
-        assert all(np.array_equal(g[i], got[0][i]) for g in got), count
+    _assert_sums_alike(hybrid(work, nodes), counts)
     assert len(meetings) >= 4 * 2 * sum(1 for c in counts if c)  # two a call on every rank
 
 
@@ -184,19 +193,9 @@ def test_large_calls_read_the_peers_tensors_where_the_kernel_lets_them(
             real(peer, pid, address, out)
 
         t.peer_read = counted  # type: ignore[method-assign]
-        outs = []
-        for count in counts:
-            buf = data(t.rank, count)
-            shared.allreduce_shared(t, buf, ReduceOp.SUM)
-            outs.append(buf)
-        return outs
+        return _shared_calls(t, counts)
 
-    got = hybrid(work, nodes)
-    for i, count in enumerate(counts):
-        want = np.stack([data(r, count) for r in range(4)]).sum(0)
-        assert not isinstance(got[0], Exception), got[0]
-        np.testing.assert_allclose(got[0][i], want, rtol=1e-12, atol=1e-9)
-        assert all(np.array_equal(g[i], got[0][i]) for g in got), count
+    _assert_sums_alike(hybrid(work, nodes), counts)
     assert bool(reads) == readable and (not readable or set(reads) == {0, 1, 2, 3})
 
 

@@ -24,6 +24,12 @@ for its node phases. The barriers are the workspace's semaphores (``ShmArena.mee
 where the transport has them, messages over the links otherwise. Each element is
 reduced by one rank in one order, so every rank gets the same bits.
 
+From ``CMA_MIN_BYTES`` on, where the kernel lets the node's ranks read each other's
+memory (``peer_memory``), there is no workspace at all: rank i reads chunk i of every
+peer's tensor into a scratch block and adds it into its own, runs the rail, and then
+reads every other chunk's result from its owner's tensor (one copy per byte moved,
+three barriers).
+
 Transports without a workspace (process groups, teams), node layouts of unequal
 sizes and one rank per node (nothing to share) run ``reduction_server`` instead
 (the ring on one node).
@@ -111,7 +117,7 @@ def allreduce_shared(transport: Transport, buf: np.ndarray, op: ReduceOp = Reduc
     size, local = plan.mine.size, plan.local
     node = transport if len(plan.teams) == 1 else TeamTransport(transport, plan.mine)
     if flat.nbytes >= CMA_MIN_BYTES and _peer_reads(transport, arena, node, local):
-        _allreduce_reading_peers(transport, plan, arena, flat, op)
+        _allreduce_reading_peers(transport, node, plan, arena, flat, op)
         return
     half = size * flat.nbytes
     halves = 2 if 2 * half <= DOUBLE_BUFFER_BYTES else 1
@@ -179,8 +185,8 @@ def _peer_reads(transport: Transport, arena: Any, node: Transport, local: int) -
     return bool(arena.peer_reads)
 
 
-def _allreduce_reading_peers(transport: Any, plan: _Plan, arena: Any, flat: np.ndarray,
-                             op: ReduceOp) -> None:
+def _allreduce_reading_peers(transport: Any, node: Transport, plan: _Plan, arena: Any,
+                             flat: np.ndarray, op: ReduceOp) -> None:
     """The allreduce with no workspace copies: each rank reads its chunk of every peer's
     tensor straight from that peer's memory (``peer_memory``), block by block into a
     scratch block it adds into its own tensor, and afterwards reads the other chunks'
@@ -188,7 +194,6 @@ def _allreduce_reading_peers(transport: Any, plan: _Plan, arena: Any, flat: np.n
     every read done (a rank must not return, and let its caller change the tensor,
     while a peer still reads it)."""
     size, local = plan.mine.size, plan.local
-    node = transport if len(plan.teams) == 1 else TeamTransport(transport, plan.mine)
     board = arena.board
     board[local, :2] = (os.getpid(), flat.ctypes.data)
     meet(transport, node)
