@@ -383,10 +383,18 @@ def _rebuild_cuda_tensor(buf: Any, dtype: Any, shape: tuple[int, ...], requires_
 
 @functools.lru_cache(maxsize=1)
 def has_cuda() -> bool:
-    """Whether this process can place tensors on a GPU (asked once)."""
+    """Whether a tensor written from a GPU lands on a GPU here (asked once), as in Ray
+    Compiled Graphs: in an actor only where Ray gave it GPUs (``ray.get_gpu_ids()``: an
+    actor without ``num_gpus`` may still see the node's GPUs, but gets the tensor on the
+    CPU); in the driver wherever torch sees CUDA."""
     import torch
 
-    return bool(torch.cuda.is_available())
+    if not torch.cuda.is_available():
+        return False
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return True  # the driver (or no Ray): its own choice of device
+    return bool(ray.get_gpu_ids())
 
 
 def _stand_in(exc: BaseException, why: Exception) -> BaseException:
