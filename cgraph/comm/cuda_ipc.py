@@ -18,6 +18,16 @@ communicator, plus an acknowledgement link back::
     self.stream waits for done
     (work queued after the send may reuse t)
 
+Both ops first make self.stream wait for the caller's current stream (the
+tensor as the caller's work left it, its memory as the allocator handed it out)
+and end by making the caller's stream wait for self.stream (the received values
+are ready for it; it may overwrite a sent tensor), as torch's NCCL process group
+does around each collective. Inside a compiled graph the caller's stream is
+self.stream itself (``streams.CudaStreams``), and both waits cost nothing.
+torch's CUDA sanitizer (``TORCH_CUDA_SANITIZER=1``) caught the missing first
+wait on an H200: a receive buffer allocated on the default stream was written
+on self.stream.
+
 The sender's CPU waits for the acknowledgement, so ``send`` is a rendezvous as
 in NCCL, and the ordering is carried by CUDA events: neither side synchronises
 the device. The collectives are the star defaults of ``Communicator`` over
@@ -77,6 +87,20 @@ class CudaOps:
         import torch
 
         return torch.cuda.Stream(self.device)
+
+    def enter(self, stream: Any) -> Any:
+        """The caller's current stream, after making ``stream`` wait for the work queued
+        on it so far: the caller's writes to (and allocations of) the tensors of the op."""
+        import torch
+
+        caller = torch.cuda.current_stream(self.device)
+        stream.wait_stream(caller)
+        return caller
+
+    def leave(self, stream: Any, caller: Any) -> None:
+        """The caller's stream waits for ``stream``'s queued work: what the op wrote is
+        ready for it, and it may overwrite what the op still read."""
+        caller.wait_stream(stream)
 
     def on(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
         """Work queued in the block runs on ``stream``, on this communicator's device."""
@@ -169,14 +193,25 @@ class CudaIpcCommunicator(Communicator):
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         ops = self._ops
+        caller = ops.enter(self._stream)  # the tensor as the caller's stream left it
         with ops.on(self._stream):
             t = ops.to_device(tensor)
             self._link(self._out, dst).write(ops.export(t))
             handle = _take(self._link(self._ack_inp, dst))
             ops.wait(self._stream, self._peer_event(dst, handle))
             ops.keep_for(t, self._stream)
+        ops.leave(self._stream, caller)  # the caller may overwrite it once the peer has copied
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
+        ops = self._ops
+        caller = ops.enter(self._stream)  # the buffer's last use and allocation on the caller's stream
+        try:
+            self._recv(tensor, src)
+        finally:
+            ops.leave(self._stream, caller)  # the received values, ready for the caller's stream
+            ops.keep_for(tensor, self._stream)
+
+    def _recv(self, tensor: torch.Tensor, src: int) -> None:
         ops = self._ops
         with ops.on(self._stream):
             args = _take(self._link(self._inp, src))

@@ -38,11 +38,22 @@ class CpuOps:
     def __init__(self, shared: dict[str, Any]) -> None:
         self.shared = shared  # what both "processes" see: mapped tensors, exported events
         self.opened = 0
+        self.calls: list[str] = []  # the stream orderings, in order
+        self.caller = object()  # the "current stream" of whoever calls the communicator
 
     def new_stream(self) -> object:
         return object()
 
+    def enter(self, stream: Any) -> Any:
+        self.calls.append("comm waits for caller")
+        return self.caller
+
+    def leave(self, stream: Any, caller: Any) -> None:
+        assert caller is self.caller
+        self.calls.append("caller waits for comm")
+
     def on(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        self.calls.append("on comm")
         return contextlib.nullcontext()
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -167,3 +178,15 @@ def test_a_wrong_peer_is_refused_and_destroy_is_final(pair) -> None:  # type: ig
     first.destroy()  # idempotent
     with pytest.raises(ChannelClosedError, match="CUDA IPC communicator was destroyed"):
         first.send(torch.ones(2), 1)
+
+
+def test_every_op_is_ordered_after_the_callers_stream_and_before_its_next_work(pair) -> None:  # type: ignore[no-untyped-def]
+    """As torch's NCCL process group does: the comm stream waits for the caller's stream
+    before touching the tensor, the caller's stream for the comm stream after (the CUDA
+    sanitizer caught the missing first wait on a GPU)."""
+    a, b = pair
+    got = torch.zeros(4)
+    both(lambda: a.send(torch.arange(4.0), 1), lambda: b.recv(got, 0))
+    assert got.tolist() == [0.0, 1.0, 2.0, 3.0]
+    for comm in (a, b):
+        assert comm._ops.calls == ["comm waits for caller", "on comm", "caller waits for comm"]
