@@ -17,12 +17,14 @@ l = ceil(log2 p), k = floor(log2 p), e = 1 if p is not a power of two else 0:
     ring              2(p-1) S           2(p-1) n/p              (p-1) n/p        S = ceil(n / (p 8 MiB))
     reduction_server  2(L-1+m-1) S       2(L-1) n/L              (L-1) n/L        L ranks/node, m nodes,
                                          + 2(m-1) n/(L m)        + (m-1) n/(L m)  S = ceil(n / 4 MiB)
+    shared            B + 2(m-1) S'      2(L-1) n/L              (L-1) n/L        B barriers: 2; 3 from
+                                         + 2(m-1) n/(L m)        + (m-1) n/(L m)  12 MiB; 4 above 32 MiB/L
 
 Star, chain and tree are Thakur-Rabenseifner-Gropp's (2005) and seed 003's
 formulas; the slice counts S follow the defaults of the implementations. Ring
 and the reduction server move the bandwidth-optimal 2(p-1)/p n bytes; the
 reduction server trades ring's 2(p-1) latencies for 2(L+m-2). Without
-``ranks_per_node`` the reduction server is not a candidate (it needs a layout).
+``ranks_per_node`` neither the reduction server nor shared is a candidate (they need a layout).
 
     explain(16, 64 << 20, CostParams(alpha=1e-5, beta=1e-9, gamma=1e-10)) ->
     algorithm            steps   MB moved  MB reduced     predicted
@@ -83,6 +85,7 @@ from cgraph.comm.algorithms import (
     chain,
     reduction_server,
     ring,
+    shared,
 )
 
 
@@ -188,11 +191,15 @@ def _reduction_server(p: int, n: int, rpn: int) -> Terms:
 
 
 def _shared(p: int, n: int, rpn: int) -> Terms:
-    """Copy in and out (2n), one chunk reduced from L slots, 2 barriers; then the rail's ring."""
+    """Every chunk but its own in and out ((L-1)/L n each way: through the workspace, or
+    read from the peers from ``CMA_MIN_BYTES``), one chunk reduced from L inputs, one step
+    per barrier (2; 3 reading peers; 4 where one set of slots spans the workspace); then
+    the rail's ring."""
     local, nodes = min(p, rpn), _nodes(p, rpn)
     if local == 1:  # nothing to share: the algorithm runs the reduction server (a ring)
         return _reduction_server(p, n, rpn)
-    node = Terms(2 * (local - 1).bit_length(), 2 * n, (local - 1) * n / local)
+    barriers = 3 if n >= shared.CMA_MIN_BYTES else 4 if 2 * local * n > shared.DOUBLE_BUFFER_BYTES else 2
+    node = Terms(barriers, 2 * (local - 1) * n / local, (local - 1) * n / local)
     if nodes == 1:
         return node
     return node + _level(nodes, n / local, True, inter=True) + _level(nodes, n / local, False, inter=True)
@@ -322,8 +329,9 @@ def slice_bytes(
 
 
 def candidates(ranks_per_node: int | None = None) -> tuple[str, ...]:
-    """The algorithms ``choose`` weighs: all, less reduction_server without a node layout."""
-    return tuple(a for a in ALGORITHMS if ranks_per_node is not None or a != "reduction_server")
+    """The algorithms ``choose`` weighs: all, less the two that need a node layout
+    (reduction_server, shared) without one."""
+    return tuple(a for a in ALGORITHMS if ranks_per_node is not None or a not in ("reduction_server", "shared"))
 
 
 def choose(
