@@ -189,7 +189,11 @@ class FramedTransport:
         try:
             peer_memory.read(pid, address, out)
         except OSError as exc:
-            raise self._closed("read the buffer of", peer, f" ({exc})") from None
+            raise CollectiveGroupError(
+                f"group {self._group!r}, rank {self._rank}: `{self._tag[1]}` could not read the buffer "
+                f"of {_peer(peer)} (pid {pid}) from its memory: {exc} (the peer died, or left the "
+                f"collective early after a failure on another rank).{self._layout()}",
+                self._group, self._rank) from None
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from cgraph.comm.transport import byte_view
+
 TAG = 17
 """The tag of every message of the algorithms (the backend's own calls use tag 0)."""
 
@@ -83,7 +85,7 @@ class ProcessGroupTransport:
     def _outgoing(self, buf: np.ndarray) -> Any:
         import torch
 
-        raw = _bytes_of(buf)
+        raw = byte_view(buf)
         if not raw.flags.writeable:  # torch wants writable memory to share it
             raw = raw.copy()
         tensor = torch.from_numpy(raw)
@@ -93,15 +95,10 @@ class ProcessGroupTransport:
         import torch
 
         if self._device == "cpu" and buf.flags.writeable:
-            return torch.from_numpy(_bytes_of(buf))  # the message lands in place
+            return torch.from_numpy(byte_view(buf))  # the message lands in place
         return torch.empty(buf.nbytes, dtype=torch.uint8, device=self._device)
 
     def _land(self, buf: np.ndarray, landing: Any) -> None:
         if landing.device.type == "cpu" and landing.data_ptr() == buf.ctypes.data:
             return  # it landed in place
-        np.copyto(_bytes_of(buf), landing.cpu().numpy())
-
-
-def _bytes_of(buf: np.ndarray) -> np.ndarray:
-    """The raw bytes of a C-contiguous array (the protocol's buffers are) as a flat uint8 view."""
-    return buf.reshape(-1).view(np.uint8)
+        np.copyto(byte_view(buf), landing.cpu().numpy())

@@ -55,6 +55,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cgraph.channels import handshake, tls
+from cgraph.comm.transport import byte_view
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
 HEADER = 16
@@ -78,7 +79,7 @@ class SocketLinks:
         The whole message goes at once when the kernel takes it (MSG_DONTWAIT); what
         it did not take goes to the pair's sender thread, as a view of ``buf``.
         """
-        raw = _raw(buf)
+        raw = byte_view(buf)
         header = fingerprint + raw.size.to_bytes(8, "little")
         sender = self._senders[dst]
         sender.wait(self._timeout)  # the pair's previous message has left
@@ -102,7 +103,7 @@ class SocketLinks:
 
     def send(self, fingerprint: bytes, buf: np.ndarray, dst: int) -> None:
         """Send ``buf`` to ``dst`` from this thread, returning once the kernel has all of it."""
-        raw = _raw(buf)
+        raw = byte_view(buf)
         self._senders[dst].wait(self._timeout)
         try:
             _send_parts(self._socks[dst], [fingerprint + raw.size.to_bytes(8, "little"), raw])
@@ -119,8 +120,8 @@ class SocketLinks:
         Returns:
             False when the received message belongs to another call or has another length.
         """
-        raw_in = _raw(recvbuf)
-        out = _Progress([fingerprint + _raw(sendbuf).size.to_bytes(8, "little"), _raw(sendbuf)])
+        raw_in = byte_view(recvbuf)
+        out = _Progress([fingerprint + byte_view(sendbuf).size.to_bytes(8, "little"), byte_view(sendbuf)])
         into = _Incoming(fingerprint, raw_in)
         dst_sock, src_sock = self._socks[dst], self._socks[src]
         self._senders[dst].wait(self._timeout)
@@ -175,7 +176,7 @@ class SocketLinks:
             False, having read only the header, when the message belongs to another
             call or has another length (the caller raises the mismatch; the group aborts).
         """
-        raw = _raw(buf)
+        raw = byte_view(buf)
         header = bytearray(HEADER)
         self._read(memoryview(header), src)
         if bytes(header[:8]) != fingerprint or int.from_bytes(header[8:], "little") != raw.size:
@@ -415,8 +416,3 @@ def _send_parts(sock: socket.socket, parts: list[bytes | np.ndarray]) -> None:
     for part in parts:
         if len(memoryview(part).cast("B")):
             sock.sendall(part)
-
-
-def _raw(buf: np.ndarray) -> np.ndarray:
-    """The bytes of a C-contiguous array as a flat uint8 view."""
-    return buf.reshape(-1).view(np.uint8)

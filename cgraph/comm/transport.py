@@ -81,6 +81,11 @@ def node_layout(transport: Transport) -> tuple[Hashable, ...]:
     return tuple(transport.node_of(r) for r in range(transport.world_size))
 
 
+def byte_view(buf: np.ndarray) -> np.ndarray:
+    """The raw bytes of a C-contiguous array (every transport's buffers are) as a flat uint8 view."""
+    return buf.reshape(-1).view(np.uint8)
+
+
 def describe_layout(nodes: Sequence[Hashable], rank: int) -> str:
     """``rank 2 on node 9d1c04aa; ranks by node: 3f2a1b9c 0,1; 9d1c04aa 2,3``, for errors."""
     by_node: dict[str, list[int]] = {}
