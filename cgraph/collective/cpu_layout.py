@@ -7,21 +7,23 @@ first call (not its ``init``, which never waits for peers) settles it::
     connect(membership)       this rank's node id -> the store's keys   (never waits)
     first call: links()       every rank's node id <- the store's keys  (waits up to timeout_s)
       all on the store's node      the store's mesh, as joined (one Ray node: as before)
-      otherwise, per node          the node's lowest rank makes that node's mesh and
-                                   posts its ends under the store's keys; the others
-                                   attach them
+      otherwise, per node          the node's first rank to get here makes that node's
+                                   mesh and posts its ends under the store's keys; the
+                                   others attach them
       several nodes                plus one authenticated TCP connection per pair of
-                                   ranks on two nodes (``comm.socket_links``)
+                                   ranks on two nodes (``comm.socket_links``), made
+                                   when a call first needs it
 
     2 nodes x 2 ranks:   0 ══shm══ 1          2 ══shm══ 3
                           ╲──────── TCP ──────────────╱   0-2, 0-3, 1-2, 1-3
 
-The lowest rank of a node owns its node's segments (named after its pid, so
+The rank that made a node's mesh owns its segments (named after its pid, so
 the next store or compile on that node frees them if it dies) and unlinks them
 when it destroys the group. The keys (node ids, mesh ends, listening addresses)
-travel by Ray calls to the store actor, as the gloo backend's do; a rank listens
-only while its pairs connect, and every connection proves it knows the group's
-secret, which only Ray delivers.
+travel by Ray calls to the store actor, as the gloo backend's do. A pair of ranks
+on two nodes connects when a call first needs it (two ranks may talk while the
+others are idle); a rank listens only until its lower-ranked peers are in, and
+every connection proves it knows the group's secret, which only Ray delivers.
 """
 
 from __future__ import annotations
@@ -78,19 +80,26 @@ def settle(membership: Any, node: str) -> Links:
         return Links(FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s, arena=arena))
     mine = [r for r in range(spec.world_size) if nodes[r] == node]
     made, (local, base) = _node_mesh(membership, node, mine)
-    ends = _global_ends(local, mine, membership.rank, spec.world_size)
-    remote = _remote_links(membership, nodes) if len(set(nodes)) > 1 else None
+    try:
+        ends = _global_ends(local, mine, membership.rank, spec.world_size)
+        remote = _remote_links(membership, nodes) if len(set(nodes)) > 1 else None
+    except BaseException:
+        for channel in made:  # nobody else will: the group never settled here
+            channel.unlink()
+        raise
     arena = ShmArena(base, mine.index(membership.rank), len(mine))
     return Links(FramedTransport(ends, spec.name, nodes, spec.timeout_s, remote, arena), made,
                  arena if made else None)
 
 
 def _node_mesh(membership: Any, node: str, mine: Sequence[int]) -> tuple[list[Any], tuple[LinkEnds, str]]:
-    """The links among this node's ranks and its workspace's base name: made by its lowest
-    rank, attached by the others."""
+    """The links among this node's ranks and its workspace's base name: made by the node's
+    first rank to get here (the store counts them), attached by the others."""
     spec, key = membership.spec, f"mesh/{node}"
-    if membership.rank != mine[0]:
-        ends, base = pickle.loads(_get(membership, key, f"rank {mine[0]} to make node {node[:8]}'s links"))
+    first = rendezvous.call(membership.store, "kv_add", _key(membership, f"maker/{node}"), 1,
+                            group=spec.name) == 1
+    if not first:
+        ends, base = pickle.loads(_get(membership, key, f"another rank of node {node[:8]} to make its links"))
         return [], (ends[mine.index(membership.rank)], base)
     tag = f"{rendezvous.SHM_TAG_PREFIX}{spec.name}.{membership.nonce}.{node[:8]}"
     channels, ends = create_links(tag, "link", len(mine))
@@ -101,7 +110,7 @@ def _node_mesh(membership: Any, node: str, mine: Sequence[int]) -> tuple[list[An
         for channel in channels:
             channel.unlink()
         raise
-    return channels, (ends[0], base)
+    return channels, (ends[mine.index(membership.rank)], base)
 
 
 def _global_ends(local: LinkEnds, mine: Sequence[int], rank: int, world_size: int) -> LinkEnds:
@@ -115,7 +124,8 @@ def _global_ends(local: LinkEnds, mine: Sequence[int], rank: int, world_size: in
 
 
 def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
-    """Authenticated sockets to the ranks on other nodes (``comm.socket_links``)."""
+    """Authenticated sockets to the ranks on other nodes (``comm.socket_links``), each
+    connected when a call first needs it."""
     import ray
 
     from cgraph.channels import tls
@@ -123,7 +133,7 @@ def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
 
     spec, rank = membership.spec, membership.rank
     peers = [r for r in range(spec.world_size) if nodes[r] != nodes[rank]]
-    return socket_links.connect(
+    return socket_links.listen(
         rank, peers, membership.secret, f"cpu-links {spec.name}.{membership.nonce}",
         ray.util.get_node_ip_address(),
         publish=lambda address: _set(membership, f"addr/{rank}", address.encode()),

@@ -21,8 +21,13 @@ Why not gloo's pairs: every gloo message wakes a gloo thread on each side; on a
 busy host that cost ~1.8 ms per message against ~30 us for a socket read in the
 caller's own thread (measured on this project's 2-core machine, loopback).
 
-**Who may connect.** Each rank listens on its node's address only while the
-pairs are made, then closes the listener. A connection proves it knows the
+**When pairs connect.** A pair connects the first time a call needs it (``listen``;
+``connect`` makes every pair at once): two ranks can talk while the group's other
+ranks are idle, as after torch's ``init_process_group``. A rank that lower ranks may
+dial listens on its node's address from its first call until each of them is in, or
+the links close; then the listener closes.
+
+**Who may connect.** A connection proves it knows the
 group's secret (32 bytes from ``secrets``, made by the group's store actor and
 delivered by Ray) with the mutual HMAC challenge of ``channels.handshake``
 before a byte of it is read; the claim names the group and the connecting rank,
@@ -66,12 +71,23 @@ HEADER = 16
 class SocketLinks:
     """One rank's connections to the ranks on other nodes (see the module docstring)."""
 
-    def __init__(self, socks: dict[int, socket.socket], timeout: float) -> None:
-        self._socks, self._timeout = socks, timeout
-        self._senders = {peer: _Sender(sock, peer) for peer, sock in socks.items()}
+    def __init__(self, pairing: _Pairing, timeout: float) -> None:
+        self._pairing, self._timeout = pairing, timeout
+        self._socks: dict[int, socket.socket] = {}
+        self._senders: dict[int, _Sender] = {}
         self._closed = False
-        for sock in socks.values():
-            sock.settimeout(timeout)
+
+    def link(self, peer: int) -> socket.socket:
+        """The connection to ``peer``, made on first use (``_Pairing.get``: dialed or admitted)."""
+        sock = self._socks.get(peer)
+        if sock is None:
+            if self._closed:
+                raise ChannelClosedError(f"the links to rank {peer}'s node are closed")
+            sock = self._pairing.get(peer)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self._timeout)
+            self._socks[peer], self._senders[peer] = sock, _Sender(sock, peer)
+        return sock
 
     def post(self, fingerprint: bytes, buf: np.ndarray, dst: int) -> None:
         """Start sending ``buf`` to ``dst``; ``buf`` must stay unchanged until ``wait_sent(dst)``.
@@ -81,13 +97,14 @@ class SocketLinks:
         """
         raw = byte_view(buf)
         header = fingerprint + raw.size.to_bytes(8, "little")
+        sock = self.link(dst)
         sender = self._senders[dst]
         sender.wait(self._timeout)  # the pair's previous message has left
-        if isinstance(self._socks[dst], ssl.SSLSocket):
+        if isinstance(sock, ssl.SSLSocket):
             sender.start([memoryview(header), memoryview(raw)])  # TLS: no flags, no sendmsg
             return
         try:
-            sent = self._socks[dst].sendmsg([header, raw], [], socket.MSG_DONTWAIT)
+            sent = sock.sendmsg([header, raw], [], socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
@@ -99,14 +116,16 @@ class SocketLinks:
 
     def wait_sent(self, dst: int) -> None:
         """Wait until everything posted to ``dst`` has left (the kernel has it)."""
-        self._senders[dst].wait(self._timeout)
+        if dst in self._senders:
+            self._senders[dst].wait(self._timeout)
 
     def send(self, fingerprint: bytes, buf: np.ndarray, dst: int) -> None:
         """Send ``buf`` to ``dst`` from this thread, returning once the kernel has all of it."""
         raw = byte_view(buf)
+        sock = self.link(dst)
         self._senders[dst].wait(self._timeout)
         try:
-            _send_parts(self._socks[dst], [fingerprint + raw.size.to_bytes(8, "little"), raw])
+            _send_parts(sock, [fingerprint + raw.size.to_bytes(8, "little"), raw])
         except TimeoutError:
             raise ChannelTimeoutError(f"send to rank {dst}: it read nothing for {self._timeout:g} s") from None
         except OSError as exc:
@@ -123,7 +142,7 @@ class SocketLinks:
         raw_in = byte_view(recvbuf)
         out = _Progress([fingerprint + byte_view(sendbuf).size.to_bytes(8, "little"), byte_view(sendbuf)])
         into = _Incoming(fingerprint, raw_in)
-        dst_sock, src_sock = self._socks[dst], self._socks[src]
+        dst_sock, src_sock = self.link(dst), self.link(src)
         self._senders[dst].wait(self._timeout)
         secure = [sock for sock in {dst_sock, src_sock} if isinstance(sock, ssl.SSLSocket)]
         for sock in secure:
@@ -189,6 +208,7 @@ class SocketLinks:
         if self._closed:
             return
         self._closed = True
+        self._pairing.close()
         for sock in self._socks.values():
             with contextlib.suppress(OSError):
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)  # a sender's sendall fails at once
@@ -198,7 +218,7 @@ class SocketLinks:
             sock.close()
 
     def _read(self, view: memoryview, src: int) -> None:
-        sock, got = self._socks[src], 0
+        sock, got = self.link(src), 0
         while got < len(view):
             try:
                 n = sock.recv_into(view[got:])
@@ -261,40 +281,135 @@ class _Sender:
 
 
 # --------------------------------------------------------------------------- connecting
-def connect(rank: int, peers: Sequence[int], secret: bytes, claim_prefix: str, host: str,
-            publish: Callable[[str], None], address_of: Callable[[int], str],
-            timeout: float, use_tls: bool = False) -> SocketLinks:
-    """Connect this rank to each of ``peers`` (ranks on other nodes), authenticated.
+def listen(rank: int, peers: Sequence[int], secret: bytes, claim_prefix: str, host: str,
+           publish: Callable[[str], None], address_of: Callable[[int], str],
+           timeout: float, use_tls: bool = False) -> SocketLinks:
+    """This rank's links to ``peers`` (ranks on other nodes), each connected when first used.
+
+    Returns at once: where a lower rank may dial this one, it listens on ``host`` and
+    publishes the address; a pair connects the first time a call needs it (the lower
+    rank dials, the higher admits), so two ranks can talk while the others are idle.
 
     Args:
         publish: posts this rank's listening address ("host:port") for the others.
         address_of: the address a peer published (waits for it).
         use_tls: run TLS (``channels.tls``) on every connection, the HMAC inside it.
     """
-    lower = [p for p in peers if p < rank]
-    listener = socket.create_server((host, 0), backlog=max(len(lower), 1) + 4)
-    socks: dict[int, socket.socket] = {}
+    return SocketLinks(_Pairing(rank, peers, secret, claim_prefix, host, publish, address_of,
+                                timeout, use_tls), timeout)
+
+
+def connect(rank: int, peers: Sequence[int], secret: bytes, claim_prefix: str, host: str,
+            publish: Callable[[str], None], address_of: Callable[[int], str],
+            timeout: float, use_tls: bool = False) -> SocketLinks:
+    """``listen``, then connect every pair now (the listener is closed when this returns)."""
+    links = listen(rank, peers, secret, claim_prefix, host, publish, address_of, timeout, use_tls)
     try:
-        accepting = threading.Thread(target=_accept, args=(listener, set(lower), secret, claim_prefix,
-                                                           socks, timeout, use_tls), daemon=True)
-        accepting.start()
-        publish(f"{host}:{listener.getsockname()[1]}")
-        for peer in (p for p in peers if p > rank):
-            socks[peer] = _dial(address_of(peer), secret, f"{claim_prefix} {rank}".encode(), timeout,
-                                use_tls)
-        accepting.join(timeout)
-        missing = [p for p in lower if p not in socks]
-        if missing:
-            raise ChannelTimeoutError(f"ranks {missing} did not connect within {timeout:g} s")
+        for peer in peers:
+            links.link(peer)
     except BaseException:
-        for sock in socks.values():
-            sock.close()
+        links.close()
         raise
-    finally:
-        listener.close()  # no listening socket outlives the connecting
-    for sock in socks.values():
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return SocketLinks(socks, timeout)
+    return links
+
+
+class _Pairing:
+    """Makes one rank's connections on demand: it dials its higher peers and admits its
+    lower ones, whose connections its listener thread authenticates as they come. The
+    listener closes once every lower peer is in (or at ``close``)."""
+
+    def __init__(self, rank: int, peers: Sequence[int], secret: bytes, claim_prefix: str, host: str,
+                 publish: Callable[[str], None], address_of: Callable[[int], str], timeout: float,
+                 use_tls: bool) -> None:
+        self._rank, self._peers = rank, set(peers)
+        self._secret, self._claim_prefix, self._use_tls = secret, claim_prefix, use_tls
+        self._address_of, self._timeout = address_of, timeout
+        self._expected = {p for p in peers if p < rank}
+        self._admitted: dict[int, socket.socket] = {}
+        self._taken: set[int] = set()
+        self._closed = False
+        self._cv = threading.Condition()
+        self._listener: socket.socket | None = None
+        if self._expected:
+            self._listener = socket.create_server((host, 0), backlog=len(self._expected) + 4)
+            threading.Thread(target=self._admit_all, name=f"cgraph-links-listen{rank}", daemon=True).start()
+            try:
+                publish(f"{host}:{self._listener.getsockname()[1]}")
+            except BaseException:
+                self.close()
+                raise
+
+    def get(self, peer: int) -> socket.socket:
+        """The connection to ``peer``: dialed (a higher rank) or admitted (a lower one), once.
+
+        Raises:
+            ChannelTimeoutError: a lower peer did not connect within the timeout.
+            ChannelClosedError: not a peer on another node, or closed.
+        """
+        if peer not in self._peers or peer in self._taken:
+            raise ChannelClosedError(f"rank {peer} is not a peer on another node of rank {self._rank}")
+        if peer > self._rank:
+            address = self._address_of(peer)
+            try:
+                sock = _dial(address, self._secret, f"{self._claim_prefix} {self._rank}".encode(),
+                             self._timeout, self._use_tls)
+            except (handshake.AuthError, OSError) as exc:  # timeouts and TLS errors are OSErrors
+                raise ChannelClosedError(f"could not connect to rank {peer} at {address}: {exc}") from exc
+        else:
+            with self._cv:
+                if not self._cv.wait_for(lambda: peer in self._admitted or self._closed, self._timeout):
+                    raise ChannelTimeoutError(f"rank {peer} did not connect within {self._timeout:g} s")
+                if self._closed:
+                    raise ChannelClosedError(f"the links to rank {peer}'s node are closed")
+                sock = self._admitted.pop(peer)
+        self._taken.add(peer)
+        return sock
+
+    def close(self) -> None:
+        """Stop listening; connections admitted but never used are closed."""
+        with self._cv:
+            self._closed = True
+            left, self._admitted = list(self._admitted.values()), {}
+            self._cv.notify_all()
+        self._close_listener()
+        for sock in left:
+            sock.close()
+
+    def _close_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept
+            listener.close()
+
+    def _admit_all(self) -> None:
+        """Admit each expected rank once; close every connection that fails to prove itself.
+        The listener closes once all are in: no listening socket outlives the pairing."""
+        listener = self._listener
+        while listener is not None and not self._closed:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                peer, sock = _admit(sock, self._secret, self._claim_prefix, self._wanted, self._use_tls)
+            except (handshake.AuthError, OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
+                handshake.logger.warning("cpu group links: refused a connection: %s", exc)
+                continue
+            with self._cv:
+                if self._closed:
+                    sock.close()
+                    return
+                self._admitted[peer] = sock
+                self._expected.discard(peer)
+                if not self._expected:
+                    self._close_listener()
+                self._cv.notify_all()
+
+    def _wanted(self, claim: bytes) -> bytes | None:
+        prefix, _, who = claim.decode(errors="replace").rpartition(" ")
+        ok = prefix == self._claim_prefix and who.isdigit() and int(who) in self._expected
+        return self._secret if ok else None
 
 
 def _dial(address: str, secret: bytes, claim: bytes, timeout: float, use_tls: bool) -> socket.socket:
@@ -314,44 +429,33 @@ def _dial(address: str, secret: bytes, claim: bytes, timeout: float, use_tls: bo
     return sock
 
 
-def _accept(listener: socket.socket, expected: set[int], secret: bytes, claim_prefix: str,
-            socks: dict[int, socket.socket], timeout: float, use_tls: bool) -> None:
-    """Admit each expected rank once; close every connection that fails to prove itself."""
-    deadline = time.monotonic() + timeout
+def _admit(sock: socket.socket, secret: bytes, claim_prefix: str, lookup: Callable[[bytes], bytes | None],
+           use_tls: bool) -> tuple[int, socket.socket]:
+    """The accepting side's handshake on one connection: (the peer's rank, the socket).
 
-    def lookup(claim: bytes) -> bytes | None:
-        prefix, _, who = claim.decode(errors="replace").rpartition(" ")
-        ok = prefix == claim_prefix and who.isdigit() and int(who) in expected and int(who) not in socks
-        return secret if ok else None
-
-    while expected - set(socks) and time.monotonic() < deadline:
-        listener.settimeout(max(deadline - time.monotonic(), 0.01))
-        try:
-            sock, _ = listener.accept()
-        except TimeoutError:
-            return
-        except OSError:
-            return  # the listener was closed
-        try:
-            if use_tls:
-                sock.setblocking(False)
-                sock = tls.wrap(sock, server_side=True)
-                tls.handshake(sock, time.monotonic() + handshake.HANDSHAKE_S)  # type: ignore[arg-type]
-            sock.settimeout(handshake.HANDSHAKE_S)
-            acceptor = handshake.Acceptor(lookup)
-            sock.sendall(acceptor.challenge)
-            proof = None
-            while proof is None:
-                data = sock.recv(acceptor.wanted())
-                if not data:
-                    raise handshake.AuthError("it closed the connection during the handshake")
-                proof = acceptor.feed(data)
-            sock.sendall(proof)
-            sock.settimeout(None)
-            socks[int(acceptor.claim.decode().rpartition(" ")[2])] = sock  # type: ignore[union-attr]
-        except (handshake.AuthError, OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
-            handshake.logger.warning("cpu group links: refused a connection: %s", exc)
-            sock.close()
+    Raises:
+        handshake.AuthError, OSError, TimeoutError: it did not prove itself in time.
+    """
+    try:
+        if use_tls:
+            sock.setblocking(False)
+            sock = tls.wrap(sock, server_side=True)
+            tls.handshake(sock, time.monotonic() + handshake.HANDSHAKE_S)  # type: ignore[arg-type]
+        sock.settimeout(handshake.HANDSHAKE_S)
+        acceptor = handshake.Acceptor(lookup)
+        sock.sendall(acceptor.challenge)
+        proof = None
+        while proof is None:
+            data = sock.recv(acceptor.wanted())
+            if not data:
+                raise handshake.AuthError("it closed the connection during the handshake")
+            proof = acceptor.feed(data)
+        sock.sendall(proof)
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
+    return int(acceptor.claim.decode().rpartition(" ")[2]), sock  # type: ignore[union-attr]
 
 
 class _Progress:

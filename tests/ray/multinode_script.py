@@ -218,6 +218,7 @@ def run_checks() -> None:
     compiled.teardown()
     check_gloo_across_nodes(a, b, c)
     check_collectives_across_nodes(on_head, on_two)
+    check_a_pair_first(on_head, on_two)
     check_death_at_the_output(on_two)
 
     with InputNode() as inp:
@@ -337,6 +338,47 @@ def check_collectives_across_nodes(on_head, on_two) -> None:
         for m in members[:3]:
             ray.kill(m)
         wait_gone(pids)  # the next compile frees a dead leader's segments; ray.kill returns at once
+
+
+def pair_step(name: str, rank: int, step: str):
+    """One step of ``check_a_pair_first`` on one rank of a 4-rank "cpu" group."""
+    import cgraph.collective as col
+
+    if step == "init":
+        col.init_collective_group(4, rank, "cpu", name, timeout_s=20)
+    elif step == "send":
+        col.send(np.arange(6, dtype=np.float32) * (rank + 1), 3, name)
+    elif step == "recv":
+        got = np.zeros(6, dtype=np.float32)
+        col.recv(got, 1, name)
+        return got.tolist()
+    elif step == "allreduce":
+        mine = np.full(4, rank + 1.0, dtype=np.float32)
+        col.allreduce(mine, name)
+        return mine.tolist()
+    else:
+        col.destroy_collective_group(name)
+    return step
+
+
+def check_a_pair_first(on_head, on_two) -> None:
+    """A "cpu" group's first call is a send from rank 1 (head node) to rank 3 (node 2) while
+    ranks 0 and 2 stay idle, as after torch's init_process_group; then all four allreduce,
+    destroy, and the group's segments are gone."""
+    members = [on_head.remote("p0"), on_head.remote("p1"), on_two.remote("p2"), on_two.remote("p3")]
+    name = "pairfirst"
+    ray.get([m.run.remote(pair_step, name, r, "init") for r, m in enumerate(members)], timeout=60)
+    sent = members[1].run.remote(pair_step, name, 1, "send")
+    got = ray.get(members[3].run.remote(pair_step, name, 3, "recv"), timeout=60)
+    sent = ray.get(sent, timeout=60)
+    summed = ray.get([m.run.remote(pair_step, name, r, "allreduce") for r, m in enumerate(members)], timeout=60)
+    ray.get([m.run.remote(pair_step, name, r, "destroy") for r, m in enumerate(members)], timeout=60)
+    left = sorted(n for n in os.listdir("/dev/shm") if f"col.{name}." in n)
+    report("pair_first", got=got, sent=sent, summed=summed, left=left)
+    pids = ray.get([m.pid.remote() for m in members], timeout=60)
+    for m in members:
+        ray.kill(m)
+    wait_gone(pids)
 
 
 def wait_gone(pids: list[int], limit_s: float = 30.0) -> None:

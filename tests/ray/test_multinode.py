@@ -129,6 +129,15 @@ def test_a_rank_killed_on_the_other_node_raises_on_the_survivors(checks, backend
         assert float(outcome.split(" after ")[1].split("s:")[0]) < 30, outcome  # timeout_s 20
 
 
+def test_two_ranks_on_two_nodes_talk_first_while_the_others_are_idle(checks):
+    """A "cpu" group's pairs connect when a call first needs them: rank 1 sends to rank 3
+    before ranks 0 and 2 make any call; the group then allreduces and is destroyed clean."""
+    entry = checks["pair_first"]
+    assert entry["sent"] == "send" and entry["got"] == [2.0 * i for i in range(6)], entry
+    assert entry["summed"] == [[10.0] * 4] * 4, entry
+    assert entry["left"] == [], "destroy on every rank unlinks the group's segments"
+
+
 def test_actor_death_on_the_other_node_is_reported(checks):
     death = checks["death"]
     assert death["error"] is not None, "the graph kept answering after an actor died"

@@ -31,7 +31,13 @@ from cgraph.comm.arena import ShmArena
 from cgraph.comm.cpu_mesh import create_links
 from cgraph.comm.framed_transport import FramedTransport
 from cgraph.comm.types import ReduceOp
-from cgraph.errors import CollectiveGroupError, CollectiveMismatchError, CollectiveTimeoutError
+from cgraph.errors import (
+    ChannelClosedError,
+    ChannelTimeoutError,
+    CollectiveGroupError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+)
 
 NODES = ("A", "A", "B", "B")
 
@@ -496,6 +502,43 @@ def test_the_listener_is_closed_once_the_pairs_are_made() -> None:
     finally:
         for links in out.values():
             links.close()
+
+
+def test_listen_connects_a_pair_when_a_call_first_needs_it() -> None:
+    """Rank 0 (node A) and rank 2 (node B) talk while rank 1 (node B) never calls: ``listen``
+    dials no one up front; rank 2 listens until its one lower peer is in, then closes."""
+    book: dict[int, str] = {}
+
+    def make(rank: int, peers: list[int]) -> socket_links.SocketLinks:
+        return socket_links.listen(rank, peers, SECRET, "cpu-links g.x", "127.0.0.1",
+                                   lambda a: book.__setitem__(rank, a), lambda r: _wait_for(book, r), 10.0)
+
+    first, third = make(0, [1, 2]), make(2, [0])
+    try:
+        assert sorted(book) == [2], "only a rank with lower peers elsewhere listens"
+        sending = threading.Thread(target=first.send, args=(b"f" * 8, np.arange(5.0), 2))
+        sending.start()
+        got = np.zeros(5)
+        assert third.recv(b"f" * 8, got, 0) and got.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        sending.join(10)
+        host, port = book[2].rsplit(":", 1)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=2).close()
+    finally:
+        first.close()
+        third.close()
+
+
+def test_a_lower_peer_that_never_connects_times_out_and_close_wakes_a_waiter() -> None:
+    links = socket_links.listen(1, [0], SECRET, "cpu-links g.x", "127.0.0.1", lambda a: None,
+                                lambda r: "", 0.3)
+    with pytest.raises(ChannelTimeoutError, match="rank 0 did not connect within 0.3 s"):
+        links.recv(b"f" * 8, np.zeros(1), 0)
+    closer = threading.Timer(0.2, links.close)
+    closer.start()
+    with pytest.raises(ChannelClosedError):
+        links.recv(b"f" * 8, np.zeros(1), 0)
+    closer.join()
 
 
 def _wait_for(book: dict[int, str], rank: int) -> str:
