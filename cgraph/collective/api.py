@@ -130,7 +130,10 @@ def get_collective_group_size(group_name: str = "default") -> int:
 def destroy_collective_group(group_name: str = "default") -> None:
     """Leave ``group_name`` (and its teams); the last member out frees its links and store.
 
-    Called on the driver (not a member), it tears the whole group down at once.
+    Called on the driver (not a member), it tears the whole group down at once: its
+    store and the links it made are freed, and each member drops the group at its next
+    ``init_collective_group``, ``is_group_initialized``, ``get_rank`` or
+    ``get_collective_group_size`` of that name (which then answer as for a stranger).
     A destroyed name can be used again for a new group.
 
     Args:

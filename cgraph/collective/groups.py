@@ -72,6 +72,8 @@ def init(world_size: int, rank: int, backend_name: str, name: str, timeout_s: fl
     row = _usable_backend(backend_name)
     _check_size_and_rank(world_size, rank, name)
     with _LOCK:
+        if name in _GROUPS and _destroyed_elsewhere(_GROUPS[name]):
+            destroy(name)
         if name in _GROUPS:
             raise CollectiveGroupError(
                 f"group {name!r} is already initialized in this process (rank "
@@ -160,6 +162,9 @@ def peek(name: str) -> tuple[int, int] | None:
     a declared group is not joined (joining a gloo group waits for every rank)."""
     with _LOCK:
         group = _GROUPS.get(name)
+        if group is not None and _destroyed_elsewhere(group):
+            destroy(name)
+            group = None
         if group is not None:
             return group.rank, group.world_size
         parent, _, suffix = name.rpartition(":")
@@ -170,6 +175,15 @@ def peek(name: str) -> tuple[int, int] | None:
             return None if group is None else (group.rank, group.world_size)
         declared = _declared_rank(name)
         return None if declared is None else (declared[2], declared[1].world_size)
+
+
+def _destroyed_elsewhere(group: Group) -> bool:
+    """Whether ``group``'s store is gone or replaced: the driver destroyed the group (or its
+    store died). Asks Ray (a name lookup), so only queries and ``init`` ask, never a call."""
+    if group.store is None or group.parent is not None or not ray.is_initialized():
+        return False
+    store = rendezvous.find_store(group.name)
+    return store is None or rendezvous.store_id(store) != rendezvous.store_id(group.store)
 
 
 def lookup(name: str) -> Group:
@@ -222,6 +236,8 @@ def _predefined(owner: Group, suffix: str, name: str) -> Group | None:
 def add_team(parent: Group, team: teams.Team, name: str) -> int:
     """Register ``team`` (ranks of ``parent``) as group ``name``; this rank's team rank or -1."""
     with _LOCK:
+        if name in _GROUPS and _destroyed_elsewhere(_GROUPS[name]):
+            destroy(name)
         if name in _GROUPS:
             raise CollectiveGroupError(
                 f"group {name!r} already exists in this process; pick another name for "

@@ -57,6 +57,25 @@ def test_a_destroyed_name_can_be_declared_again(members):
     assert ranks == [1, 0]
 
 
+def test_a_group_destroyed_on_the_driver_is_dropped_by_its_members(members):
+    """The driver's destroy of a group it is not in: the members' next query says so, and
+    they can init a group of that name again."""
+    name = fresh("outside")
+    try:
+        col.declare_collective_group(members, 2, [0, 1], "cpu", name)
+        before = run_all(members, summed(name))
+        col.destroy_collective_group(name)  # on the driver, no member
+        after = run_all(members, col.is_group_initialized, name)
+        ranks = run_all(members, col.get_rank, name)
+        again = run_all(members, init(2, name, timeout_s=20), per_rank=lambda i: (i,))
+        summed_again = run_all(members, summed(name))
+    finally:
+        destroy_everywhere(members, name)
+    assert before == summed_again == [[3] * 4] * 2
+    assert after == [False, False] and ranks == [-1, -1]
+    assert again == [(0, 2), (1, 2)]
+
+
 def test_the_store_outlives_the_rank_that_created_it(members):
     """Ray ends a non-detached actor when its creator drops its handle; the creator
     leaving first must not take the store (and the other rank's links) with it."""
