@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cgraph.collective import backends, groups
-from cgraph.collective.tensor_views import working
+from cgraph.collective.tensor_views import kind_of, working
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveGroupError
 
@@ -38,6 +38,7 @@ def reduce_op(group: groups.Group, tensor: Any, op: Any, call: str) -> ReduceOp:
     alike, so nobody is left waiting and the group stays usable.
     """
     op = as_op(op)
+    kind_of(tensor)  # a TypeError for anything but a tensor, before its dtype is asked
     dtype = tensor.dtype
     kind = getattr(dtype, "kind", None)  # numpy and cupy dtypes; torch's are all numeric
     if kind is not None and kind not in _NUMERIC_KINDS:

@@ -230,7 +230,8 @@ class CpuComm(TunedComm):
         reason = None
         with contextlib.suppress(Exception):
             reason = self._mesh.hooks.abort_reason()
-        why = reason or "no rank reported why: the group may have been destroyed from the driver"
+        why = reason or ("no rank reported why: a peer died before it could, or the group was "
+                         "destroyed from the driver")
         return type(exc)(f"{exc}; {why}", exc.group, exc.rank)
 
 

@@ -117,6 +117,7 @@ def test_bad_ranks_unknown_and_destroyed_groups(members):
             ("unknown", lambda: col.allreduce(np.ones(2), "no-such-group")),
             ("read_only", lambda: col.allreduce(np.frombuffer(b"\0" * 16), name)),
             ("allgather_list", lambda: col.allgather([np.ones(2)], np.ones(2), name)),
+            ("python_list", lambda: col.allreduce([1.0, 2.0], name)),
         ]:
             try:
                 fn()
@@ -145,6 +146,7 @@ def test_bad_ranks_unknown_and_destroyed_groups(members):
         assert out["unknown"][0] == "CollectiveGroupError" and "unknown collective group" in out["unknown"][1]
         assert out["read_only"][0] == "ValueError" and "read-only" in out["read_only"][1]
         assert out["allgather_list"][0] == "ValueError"
+        assert out["python_list"][0] == "TypeError" and "np.asarray" in out["python_list"][1]
         assert out["after_destroy"][0] == "CollectiveGroupError" and "destroyed" in out["after_destroy"][1]
         assert out["rank_after_destroy"] == -1
 
