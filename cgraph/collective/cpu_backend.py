@@ -55,7 +55,12 @@ class _Mesh:
     def links(self) -> FramedTransport:
         if self._links is None:
             self._links = self._settle()
+            self._links.watch_peers(self._peer_died)
         return self._links.transport
+
+    def _peer_died(self, rank: int, pid: int) -> None:
+        """A rank of this node exited (``comm.peer_watch``): abort, waking this rank's waits."""
+        self.abort(f"rank {rank} (pid {pid}) on this rank's node died")
 
     @property
     def settled(self) -> Links | None:

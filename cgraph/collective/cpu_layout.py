@@ -4,7 +4,7 @@ A "cpu" group's ranks talk through shared memory wherever they share a node.
 Which ranks share one is known only once every rank has joined, so a rank's
 first call (not its ``init``, which never waits for peers) settles it::
 
-    connect(membership)       this rank's node id -> the store's keys   (never waits)
+    connect(membership)       this rank's node id and pid -> the store's keys (never waits)
     first call: links()       every rank's node id <- the store's keys  (waits up to timeout_s)
       all on the store's node      the store's mesh, as joined (one Ray node: as before)
       otherwise, per node          the node's first rank to get here makes that node's
@@ -17,6 +17,11 @@ first call (not its ``init``, which never waits for peers) settles it::
     2 nodes x 2 ranks:   0 ══shm══ 1          2 ══shm══ 3
                           ╲──────── TCP ──────────────╱   0-2, 0-3, 1-2, 1-3
 
+Each rank watches the other ranks of its node (their pids, ``comm.peer_watch``):
+when one dies the group is aborted at once, so the ranks blocked on its memory
+wake with an error naming it instead of waiting for the timeout (a peer on
+another node is noticed through its TCP connections closing).
+
 The rank that made a node's mesh owns its segments (named after its pid, so
 the next store or compile on that node frees them if it dies) and unlinks them
 when it destroys the group. The keys (node ids, mesh ends, listening addresses)
@@ -28,8 +33,9 @@ every connection proves it knows the group's secret, which only Ray delivers.
 
 from __future__ import annotations
 
+import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +44,7 @@ from cgraph.collective import rendezvous
 from cgraph.comm.arena import ShmArena
 from cgraph.comm.cpu_mesh import LinkEnds, create_links
 from cgraph.comm.framed_transport import FramedTransport
+from cgraph.comm.peer_watch import PeerWatch
 from cgraph.errors import CollectiveTimeoutError
 
 ANSWER_MARGIN_S = 30.0
@@ -51,9 +58,18 @@ class Links:
     transport: FramedTransport
     made: list[Any] = field(default_factory=list)
     arena: ShmArena | None = None  # the node's workspace, where this rank leads the node
+    peers_here: dict[int, int] = field(default_factory=dict)  # the other ranks of this node: rank -> pid
+    watch: PeerWatch | None = None
+
+    def watch_peers(self, on_death: Callable[[int, int], None]) -> None:
+        """Call ``on_death(rank, pid)`` when a rank of this node dies (``comm.peer_watch``)."""
+        if self.peers_here and self.watch is None:
+            self.watch = PeerWatch(self.peers_here, on_death)
 
     def release(self) -> None:
-        """Drop this rank's mappings and unlink the segments it made (destroy)."""
+        """Stop watching, drop this rank's mappings and unlink the segments it made (destroy)."""
+        if self.watch is not None:
+            self.watch.stop()
         self.transport.detach()
         for channel in self.made:
             channel.unlink()
@@ -62,8 +78,8 @@ class Links:
 
 
 def announce(membership: Any, node: str) -> None:
-    """Post this rank's node id under the store's keys (at connect; never waits)."""
-    _set(membership, f"node/{membership.rank}", node.encode())
+    """Post this rank's node id and pid under the store's keys (at connect; never waits)."""
+    _set(membership, f"node/{membership.rank}", f"{node} {os.getpid()}".encode())
 
 
 def settle(membership: Any, node: str) -> Links:
@@ -73,11 +89,14 @@ def settle(membership: Any, node: str) -> Links:
         CollectiveTimeoutError: a rank did not join within the group's timeout.
     """
     spec = membership.spec
-    nodes = tuple(_get(membership, f"node/{r}", f"rank {r} to join").decode()
-                  for r in range(spec.world_size))
+    posted = [_get(membership, f"node/{r}", f"rank {r} to join").decode().split()
+              for r in range(spec.world_size)]
+    nodes = tuple(node_id for node_id, _ in posted)
+    here = {r: int(pid) for r, (node_id, pid) in enumerate(posted) if node_id == node and r != membership.rank}
     if membership.ends is not None and set(nodes) == {membership.node}:
         arena = ShmArena(membership.arena, membership.rank, spec.world_size) if membership.arena else None
-        return Links(FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s, arena=arena))
+        return Links(FramedTransport(membership.ends, spec.name, nodes, spec.timeout_s, arena=arena),
+                     peers_here=here)
     mine = [r for r in range(spec.world_size) if nodes[r] == node]
     made, (local, base) = _node_mesh(membership, node, mine)
     try:
@@ -89,7 +108,7 @@ def settle(membership: Any, node: str) -> Links:
         raise
     arena = ShmArena(base, mine.index(membership.rank), len(mine))
     return Links(FramedTransport(ends, spec.name, nodes, spec.timeout_s, remote, arena), made,
-                 arena if made else None)
+                 arena if made else None, here)
 
 
 def _node_mesh(membership: Any, node: str, mine: Sequence[int]) -> tuple[list[Any], tuple[LinkEnds, str]]:

@@ -194,3 +194,34 @@ def test_gloo_mismatch_and_timeout_are_errors_not_crashes(members):
     assert fine == [[2.0] * 4] * 2
     assert late[0] == "CollectiveTimeoutError" and (late[2], late[3]) == (name, 0)
     assert elapsed < 15
+
+
+def test_a_rank_that_dies_mid_call_wakes_the_others_of_its_node(ray_session):
+    """Ranks 0 and 1 wait in an allreduce for rank 2, which is killed: they raise an error
+    naming it (the node's peer watch aborts the group), not the timeout's error at 60 s."""
+    name = fresh("died")
+    actors = [Member.remote() for _ in range(3)]
+
+    def waiting(*_):
+        try:
+            allreduce_of(name)()
+            return "no error"
+        except Exception as exc:  # noqa: BLE001 - its type and text are the result
+            return type(exc).__name__, str(exc)
+
+    try:
+        run_all(actors, init(3, name, timeout_s=60), per_rank=lambda i: (i,))
+        run_all(actors, allreduce_of(name))  # the links are settled: the watch is on
+        calls = [a.run.remote(waiting) for a in actors[:2]]
+        time.sleep(1.0)
+        ray.kill(actors[2])
+        outcomes = [r[1] for r in ray.get(calls, timeout=120)]
+    finally:
+        for actor in actors[:2]:
+            ray.get(actor.run.remote(col.destroy_collective_group, name), timeout=60)
+        col.destroy_collective_group(name)
+        for actor in actors:
+            ray.kill(actor)
+    for kind, message in outcomes:
+        assert kind == "CollectiveGroupError", (kind, message)
+        assert "rank 2 (pid " in message and "on this rank's node died" in message, message

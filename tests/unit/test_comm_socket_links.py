@@ -25,7 +25,7 @@ import pytest
 from cgraph.channels import handshake
 from cgraph.channels.segments import unlink_channel
 from cgraph.collective.cpu_layout import _global_ends
-from cgraph.comm import algorithms, socket_links
+from cgraph.comm import algorithms, socket_links, socket_pairing
 from cgraph.comm.algorithms import shared
 from cgraph.comm.arena import ShmArena
 from cgraph.comm.cpu_mesh import create_links
@@ -386,7 +386,7 @@ def _garbage(address: str) -> None:
 
 def _wrong_secret(address: str) -> None:
     with pytest.raises(Exception):  # noqa: B017,PT011 - refused either way
-        socket_links._dial(address, b"w" * 32, b"cpu-links g.x 0", 3.0, False)
+        socket_pairing._dial(address, b"w" * 32, b"cpu-links g.x 0", 3.0, False)
 
 
 def _the_real_pair_talks(first: Any, second: Any) -> None:
@@ -452,7 +452,7 @@ def test_every_algorithm_over_tls_equals_numpy(certs: Any) -> None:
 
 def _plain_with_the_secret(address: str) -> None:
     with pytest.raises(Exception):  # noqa: B017,PT011 - the TLS listener refuses plain TCP
-        socket_links._dial(address, SECRET, b"cpu-links g.x 0", 3.0, False)
+        socket_pairing._dial(address, SECRET, b"cpu-links g.x 0", 3.0, False)
 
 
 def _tls_of_another_ca(address: str) -> None:
