@@ -34,7 +34,7 @@ from cgraph.collective.tuner import TunedComm, Tuner
 from cgraph.comm import algorithms
 from cgraph.comm.framed_transport import FramedTransport
 from cgraph.comm.teams import Team, TeamTransport
-from cgraph.comm.transport import Transport, node_layout
+from cgraph.comm.transport import Transport, describe_layout, node_layout
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
@@ -80,10 +80,18 @@ class _Mesh:
             raise CollectiveGroupError(
                 f"group {self.hooks.group!r} was aborted on rank {rank} by an earlier error "
                 f"({self.aborted}); destroy_collective_group({self.hooks.group!r}) on every "
-                "rank and create it again",
+                f"rank and create it again{self._where(rank)}",
                 self.hooks.group,
                 rank,
             )
+
+    def _where(self, rank: int) -> str:
+        """Where the group spans nodes: which rank sits where (as the links' errors say)."""
+        if self._links is None:
+            return ""
+        t = self._links.transport
+        nodes = [t.node_of(r) for r in range(t.world_size)]
+        return f". This is {describe_layout(nodes, rank)}" if len(set(nodes)) > 1 else ""
 
 
 class CpuComm(TunedComm):
