@@ -30,6 +30,7 @@ import numpy as np
 from cgraph.collective import cpu_layout
 from cgraph.collective.backends import Hooks
 from cgraph.collective.cpu_layout import Links
+from cgraph.collective.tensor_views import dtype_name
 from cgraph.collective.tuner import TunedComm, Tuner
 from cgraph.comm import algorithms
 from cgraph.comm.framed_transport import FramedTransport
@@ -257,4 +258,4 @@ def connect(membership: Any, hooks: Hooks) -> CpuComm:
 
 
 def _desc(arr: np.ndarray) -> str:
-    return f"{arr.dtype}{tuple(arr.shape)}"
+    return f"{dtype_name(arr)}{tuple(arr.shape)}"

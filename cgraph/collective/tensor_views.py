@@ -26,6 +26,11 @@ from typing import Any
 
 import numpy as np
 
+SOURCE = "cgraph_source_dtype"
+"""Key of a working numpy view's dtype metadata naming the caller's dtype where numpy has
+none (torch.bfloat16 works as float32): ranks holding bfloat16 and float32 differ in
+``dtype_name`` and so in their calls' tags."""
+
 Converted = tuple[Any, Callable[[Any], None] | None]
 """A working view and how to write it back (None: it shares the caller's memory)."""
 
@@ -74,8 +79,11 @@ def _numpy_from_torch(t: Any, device: str) -> Converted:
     direct = t.device.type == "cpu" and t.is_contiguous() and t.dtype in _numpy_dtypes()
     if direct:
         return t.detach().numpy(), None
-    dtype = t.dtype if t.dtype in _numpy_dtypes() else torch.float32
-    work = t.detach().to("cpu", dtype).contiguous().numpy()
+    if t.dtype in _numpy_dtypes():
+        work = t.detach().to("cpu").contiguous().numpy()
+    else:  # computed in float32; the dtype remembers the caller's, which the call's tag names
+        work = t.detach().to("cpu", torch.float32).contiguous().numpy()
+        work = work.view(np.dtype(work.dtype, metadata={SOURCE: str(t.dtype)}))
     return work, functools.partial(_copy_into_torch, t)
 
 
@@ -147,3 +155,8 @@ def _numpy_dtypes() -> frozenset[Any]:
         torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
         torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
     })
+
+
+def dtype_name(arr: np.ndarray) -> str:
+    """The caller's dtype of a working view: numpy's, or the torch dtype it stands for."""
+    return (arr.dtype.metadata or {}).get(SOURCE, str(arr.dtype))
