@@ -39,11 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from cgraph.collective import signatures
 from cgraph.collective.backends import Hooks
 from cgraph.collective.tensor_views import working
 from cgraph.collective.tuner import TunedComm, Tuner
-from cgraph.comm import algorithms
+from cgraph.comm import algorithms, signatures
 from cgraph.comm.pg_transport import ProcessGroupTransport
 from cgraph.comm.process_group import process_group
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
