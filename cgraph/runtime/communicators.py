@@ -133,11 +133,12 @@ class CommResources:
     def unlink(self) -> None:
         for channel in self.channels:
             channel.unlink()
-        for actor in self.keep_alive:  # end the store actors now: members may hold handles
-            import ray
+        import ray
 
-            with contextlib.suppress(Exception):  # after ray.shutdown() they are gone already
-                ray.kill(actor, no_restart=True)
+        for actor in self.keep_alive:  # end the store actors now: members may hold handles
+            if ray.is_initialized():  # after ray.shutdown() they are gone (and a call would start Ray again)
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
         self.keep_alive.clear()
         drop(self.ready)  # those of a graph torn down before its loops opened them
         self.ready.clear()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import contextlib
 import functools
 import itertools
 import json
@@ -148,6 +149,7 @@ class CompiledGraph(OutputReader):
         self._tag = tag
         self._recorder = Recorder(2 * options.timeline_executions) if records(options) else None
         _LIVE.add(self)
+        _torn_down_by_ray_shutdown(self)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -433,6 +435,18 @@ def _quietly(fn: Callable[[], Any]) -> None:
         fn()
     except Exception:  # noqa: BLE001 - best-effort cleanup
         pass
+
+
+def _torn_down_by_ray_shutdown(graph: CompiledGraph) -> None:
+    """``ray.shutdown()`` first tears down every live Ray compiled graph, from a weak
+    registry of them (``ray.dag.compiled_dag_node``: ``teardown(kill_actors=True)``);
+    a cgraph graph joins it, so a shutdown before ``teardown`` frees its loops and
+    segments while Ray still runs, as for Ray's own graphs. (The exit hook below
+    runs after Ray is gone, too late to reach the actors.)"""
+    with contextlib.suppress(ImportError, AttributeError, TypeError):
+        from ray.dag import compiled_dag_node
+
+        compiled_dag_node._compiled_dags[f"cgraph-{graph.get_id()}"] = graph
 
 
 @atexit.register

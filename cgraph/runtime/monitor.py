@@ -46,6 +46,8 @@ class LoopMonitor:
         by_ref = {ref: actor for actor, ref in self._loops.items()}
         pending = list(by_ref)
         while pending and not self._stop.is_set():
+            if not ray.is_initialized():
+                return  # ray.shutdown(): a Ray call now would start a new Ray (auto-init)
             try:
                 done, pending = ray.wait(pending, num_returns=1, timeout=self._poll_s)
             except Exception:  # noqa: BLE001 - Ray shutting down under us
