@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from cgraph.comm import algorithms, signatures
+from cgraph.comm import algorithms
 from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
 from cgraph.comm.cpu_mesh import NumpyView
 from cgraph.comm.pg_transport import ProcessGroupTransport
@@ -196,7 +196,6 @@ class ProcessGroupCommunicator(Communicator):
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
         import torch.distributed as dist
 
-        self._agree("allreduce", tensor, as_reduce_op(op))
         name = getattr(self, "algorithm", "native")
         if name != "native":  # one of cgraph's, over this group's send/recv (gloo)
             self._allreduce_with(self._group(), tensor, as_reduce_op(op), name)
@@ -212,7 +211,6 @@ class ProcessGroupCommunicator(Communicator):
             algorithms.allreduce(self._transport, flat, op, name)
 
     def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
-        self._agree("allgather", tensor)
         self._run(lambda pg: pg.allgather([list(out)], [tensor]))
 
     def reducescatter(
@@ -220,7 +218,6 @@ class ProcessGroupCommunicator(Communicator):
     ) -> None:
         import torch.distributed as dist
 
-        self._agree("reducescatter", out, as_reduce_op(op))
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = dist_op(as_reduce_op(op))
         parts = [p.contiguous() for p in split_chunks(out, tensors, self._size)]
@@ -229,7 +226,6 @@ class ProcessGroupCommunicator(Communicator):
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         import torch.distributed as dist
 
-        self._agree("broadcast", tensor, None, src)
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
         self._run(lambda pg: pg.broadcast([tensor], opts))
@@ -237,27 +233,6 @@ class ProcessGroupCommunicator(Communicator):
     def barrier(self) -> None:
         self._run(lambda pg: pg.barrier())
         self.synchronize()
-
-    def _agree(self, kind: str, tensor: torch.Tensor, op: ReduceOp | None = None, root: int = -1) -> None:
-        """On gloo, gather every rank's signature first (``signatures``: dtype, shape, op):
-        gloo aborts the whole process when ranks pass different sizes, so a mismatch is
-        the same ``CollectiveMismatchError`` on every rank instead, nothing sent, the
-        communicator still usable. (NCCL is not checked: it would sync the stream.)"""
-        if self._cuda is not None:
-            return
-        import torch
-
-        mine = torch.tensor(signatures.encode(kind, tensor, op, root), dtype=torch.int64)
-        rows = [torch.empty_like(mine) for _ in range(self._size)]
-        self._run(lambda pg: pg.allgather([rows], [mine]))
-        if any(not torch.equal(row, mine) for row in rows):
-            from cgraph.errors import CollectiveMismatchError
-
-            calls = "; ".join(f"rank {r}: {signatures.describe(row.tolist())}" for r, row in enumerate(rows))
-            raise CollectiveMismatchError(
-                f"the {self.backend} communicator's ranks entered different collectives ({calls}); "
-                "every member must pass a tensor of the same dtype and shape. Nothing was sent.",
-                rank=self._rank)
 
     def synchronize(self) -> None:
         if self._cuda:

@@ -48,8 +48,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cgraph.comm import signatures
+from cgraph.comm.communicator import as_reduce_op
 from cgraph.comm.streams import Body, InlineStreams, streams_of
-from cgraph.errors import CommunicatorError, RuntimeGraphError
+from cgraph.errors import CollectiveMismatchError, CommunicatorError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, Failed, encode
 from cgraph.runtime.comm_faults import SETTLE_S, GroupFaults, Site, quietly
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram, open_group
@@ -319,24 +321,52 @@ def run_collective(
 ) -> tuple[Any, list[Any]]:
     """One member's part of a collective node; a member's bad input fails it on every member.
 
-    The members first agree (a one-element MAX allreduce) on whether every
-    input is usable; if one is not, the lowest such rank broadcasts its error
-    value, so every member's result is that error (whichever member's result
-    the driver reads, it raises the original exception) and no member is left
-    blocked in the collective.
+    The members first agree, in one MAX allreduce of a few integers, on whether
+    every input is usable and whether all have one dtype and shape (each member's
+    signature and its negation: a field's max equals minus the max of its negation
+    only where every member has the same value). If an input is not usable, the
+    lowest such rank broadcasts its error value, so every member's result is that
+    error (whichever member's result the driver reads, it raises the original
+    exception); if the signatures differ, every member's result is the same
+    ``CollectiveMismatchError`` (gloo would abort the process on such a call).
+    Either way no member is left blocked and nothing was sent: the group lives on.
     """
     import torch
 
     problem = _input_problem(endpoint, comm, value)
     error = value if isinstance(value, ErrorValue) else origin(ValueError(problem)) if problem else None
     mark = 0 if error is None else comm.world_size - comm.rank  # MAX picks the lowest failing rank
-    flag = torch.tensor([mark], dtype=torch.int32, device=comm.device)
+    sig = [0] * signatures.LENGTH if error is not None else _signature(endpoint, value)
+    flag = torch.tensor([mark, *sig, *(-x for x in sig)], dtype=torch.int64, device=comm.device)
     comm.allreduce(flag, "max")
     comm.synchronize()
-    if int(flag.item()):
-        return _share_error(comm, error, comm.world_size - int(flag.item())), []
+    agreed = [int(x) for x in flag.tolist()]
+    if agreed[0]:
+        return _share_error(comm, error, comm.world_size - agreed[0]), []
+    if agreed[1:1 + len(sig)] != [-x for x in agreed[1 + len(sig):]]:
+        return origin(_mismatch(endpoint, comm, sig)), []
     out = COLLECTIVES[endpoint.method](comm, value.detach().to(comm.device), endpoint.op, endpoint.algorithm)
     return out, [out]
+
+
+def _signature(endpoint: CollectiveEndpoint, value: Any) -> list[int]:
+    op = None if endpoint.method == "allgather" else as_reduce_op(endpoint.op)
+    return signatures.encode(endpoint.method, value, op)
+
+
+def _mismatch(endpoint: CollectiveEndpoint, comm: Any, sig: list[int]) -> CollectiveMismatchError:
+    """Every member's signature (one allgather, on this rare path), described."""
+    import torch
+
+    mine = torch.tensor(sig, dtype=torch.int64, device=comm.device)
+    rows = [torch.empty_like(mine) for _ in range(comm.world_size)]
+    comm.allgather(rows, mine)
+    comm.synchronize()
+    calls = "; ".join(f"rank {r}: {signatures.describe(row.tolist())}" for r, row in enumerate(rows))
+    return CollectiveMismatchError(
+        f"collective {endpoint.node}: the members' tensors differ ({calls}); every member must "
+        "pass a tensor of the same dtype and shape. Nothing was sent: the next execution can run.",
+        rank=comm.rank)
 
 
 def _share_error(comm: Any, error: ErrorValue | None, src: int) -> ErrorValue:

@@ -438,11 +438,8 @@ def _quietly(fn: Callable[[], Any]) -> None:
 
 
 def _torn_down_by_ray_shutdown(graph: CompiledGraph) -> None:
-    """``ray.shutdown()`` first tears down every live Ray compiled graph, from a weak
-    registry of them (``ray.dag.compiled_dag_node``: ``teardown(kill_actors=True)``);
-    a cgraph graph joins it, so a shutdown before ``teardown`` frees its loops and
-    segments while Ray still runs, as for Ray's own graphs. (The exit hook below
-    runs after Ray is gone, too late to reach the actors.)"""
+    """Join the weak registry that ``ray.shutdown()`` tears down first (with
+    ``teardown(kill_actors=True)``, ``ray.dag.compiled_dag_node``), as Ray's own graphs."""
     with contextlib.suppress(ImportError, AttributeError, TypeError):
         from ray.dag import compiled_dag_node
 

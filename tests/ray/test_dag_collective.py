@@ -20,6 +20,7 @@ import cgraph
 from cgraph import InputNode, MultiOutputNode
 from cgraph.collective import ReduceOp
 from cgraph.collective.dag_ops import allgather, allreduce, reducescatter
+from cgraph.errors import CollectiveMismatchError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -34,6 +35,8 @@ class Member:
     def tensor(self, x: int) -> torch.Tensor:
         if x == -1 and self.rank == 1:
             raise ValueError(f"bad input on rank {self.rank}")
+        if x == -2 and self.rank == 2:
+            return member_tensor(self.rank, x)[:8]  # a shape the other members do not have
         return member_tensor(self.rank, x)
 
     def scale(self, t: torch.Tensor) -> torch.Tensor:
@@ -127,6 +130,25 @@ def test_a_failing_producer_reaches_the_driver_and_the_graph_goes_on(members, ov
         assert isinstance(info.value, ValueError)
         got = compiled.execute(4).get(timeout=60)
         torch.testing.assert_close(got[0], expected("allreduce", "sum", 3, 4)[0])
+    finally:
+        compiled.teardown()
+
+
+@pytest.mark.parametrize("communicator", [None, "gloo"])
+def test_members_with_different_shapes_get_a_mismatch_and_the_graph_goes_on(members, communicator):
+    """Every output of that execution raises the same CollectiveMismatchError (gloo would
+    abort the actor's process on such a call); nothing was sent, so the next one runs."""
+    options = {} if communicator is None else {"default_communicator": communicator}
+    compiled = cgraph.compile(build(members[:3], "allreduce", "sum"), **options)
+    try:
+        refs = compiled.execute(-2)
+        with pytest.raises(cgraph.TaskError) as info:
+            refs.get(timeout=60)
+        assert isinstance(info.value, CollectiveMismatchError), info.value
+        assert "rank 0: allreduce float32(12,) sum" in str(info.value), info.value
+        assert "rank 2: allreduce float32(8,) sum" in str(info.value), info.value
+        got = compiled.execute(4).get(timeout=60)
+        torch.testing.assert_close(got[2], expected("allreduce", "sum", 3, 4)[2])
     finally:
         compiled.teardown()
 
