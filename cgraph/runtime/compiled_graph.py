@@ -431,10 +431,8 @@ class _WouldBlock(Exception):  # noqa: N818 - control flow inside this module
 
 
 def _quietly(fn: Callable[[], Any]) -> None:
-    try:
+    with contextlib.suppress(Exception):  # best-effort cleanup
         fn()
-    except Exception:  # noqa: BLE001 - best-effort cleanup
-        pass
 
 
 def _torn_down_by_ray_shutdown(graph: CompiledGraph) -> None:
