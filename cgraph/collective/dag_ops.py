@@ -29,6 +29,8 @@ from cgraph.comm.communicator import as_reduce_op
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import DAGValidationError
 
+AVG = "avg"
+"""Ray's ``ReduceOp.AVG`` as a collective node's op: the sum over the members, divided by their count."""
 AUTO = "auto"
 """``algorithm="auto"``: the communicator's own choice (ring on the CPU communicator)."""
 
@@ -57,6 +59,8 @@ class _Collective:
         return bind_collective(self.name, nodes, options)
 
     def _op(self, op: Any) -> str:
+        if str(getattr(op, "name", op)).lower() == AVG:  # Ray's ReduceOp.AVG: a SUM, then / members
+            return AVG
         try:
             return as_reduce_op(op).value
         except ValueError:
@@ -64,8 +68,21 @@ class _Collective:
                 f"{self.name}.bind: unknown reduce op {op!r}", f"{self.name}.bind(..., op={op!r})",
                 "a reduction combines the members' tensors element by element with one of "
                 f"{', '.join(o.name for o in ReduceOp)}",
-                f"pass op=cgraph.collective.ReduceOp.SUM (or one of {[o.value for o in ReduceOp]})",
+                f"pass op=cgraph.collective.ReduceOp.SUM (or one of {[o.value for o in ReduceOp]}, or \"avg\")",
             ) from None
+
+    def _transport(self, transport: Any) -> None:
+        """Ray's ``transport=``: None or "nccl" (NCCL where every member has a GPU, as in Ray;
+        on CPU actors the compile's communicator); anything else is the compile's to choose."""
+        if transport is None or transport == "nccl":
+            return
+        raise _error(
+            f"{self.name}.bind: transport={transport!r} is not taken per collective",
+            f"{self.name}.bind(..., transport={transport!r})",
+            "cgraph runs every collective of a graph on the communicator of its members: NCCL "
+            "where every member has a GPU, else the compile's default_communicator",
+            f"drop transport= and compile with default_communicator={transport!r}",
+        )
 
 
 class AllReduce(_Collective):
@@ -74,16 +91,19 @@ class AllReduce(_Collective):
 
     name = "allreduce"
 
-    def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM, algorithm: str = AUTO) -> list[Any]:
+    def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM, algorithm: str = AUTO,
+             transport: Any = None) -> list[Any]:
         """Every member gets ``op`` over all members' tensors (same shape and dtype on each).
 
         Args:
             nodes: one DAG node per member actor, each an actor method's result
                 holding a torch tensor.
-            op: a ``ReduceOp`` (or its name: "sum", "product", "min", "max").
+            op: a ``ReduceOp`` (or its name: "sum", "product", "min", "max"), or Ray's
+                ``ReduceOp.AVG`` / "avg" (the sum divided by the member count; floating dtypes).
             algorithm: "auto" (the communicator's choice) or one of
                 ``cgraph.comm.algorithms.ALGORITHMS`` ("ring", "tree", ...),
                 which only the CPU communicator can run.
+            transport: Ray's argument: None or "nccl" (see ``_transport``).
 
         Returns:
             One node per member, in the order of ``nodes``: that member's result,
@@ -101,6 +121,7 @@ class AllReduce(_Collective):
                 f"the algorithms are {AUTO!r} and {', '.join(map(repr, ALGORITHMS))}",
                 f"{hint}pass one of them (\"auto\" lets the communicator choose)",
             )
+        self._transport(transport)
         return self._bind(nodes, {"op": self._op(op), "algorithm": algorithm})
 
 
@@ -110,7 +131,7 @@ class AllGather(_Collective):
 
     name = "allgather"
 
-    def bind(self, nodes: Any) -> list[Any]:
+    def bind(self, nodes: Any, *, transport: Any = None) -> list[Any]:
         """Every member gets all members' tensors concatenated along dim 0, in member order.
 
         Args:
@@ -124,6 +145,7 @@ class AllGather(_Collective):
             DAGValidationError: an empty list, a member that is no actor method's
                 result, or two members on one actor.
         """
+        self._transport(transport)
         return self._bind(nodes, {})
 
 
@@ -133,7 +155,7 @@ class ReduceScatter(_Collective):
 
     name = "reducescatter"
 
-    def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM) -> list[Any]:
+    def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM, transport: Any = None) -> list[Any]:
         """Member i gets slice i (along dim 0, in equal parts) of ``op`` over all members' tensors.
 
         Args:
@@ -148,6 +170,7 @@ class ReduceScatter(_Collective):
             DAGValidationError: an empty list, a member that is no actor method's
                 result, two members on one actor, or an unknown op.
         """
+        self._transport(transport)
         return self._bind(nodes, {"op": self._op(op)})
 
 

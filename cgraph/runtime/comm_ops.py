@@ -284,13 +284,25 @@ def _found(faults: GroupFaults, site: Site, found: Failed | None) -> ErrorValue 
 def _allreduce(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
     out = t.clone()
     if algorithm == "auto":
-        comm.allreduce(out, op)
-        return out
+        comm.allreduce(out, _summed(op))
+        return _averaged(comm, out, op)
     chosen, comm.algorithm = comm.algorithm, algorithm  # every member switches alike
     try:
-        comm.allreduce(out, op)
+        comm.allreduce(out, _summed(op))
     finally:
         comm.algorithm = chosen
+    return _averaged(comm, out, op)
+
+
+def _summed(op: str) -> str:
+    """The communicator's op: "avg" (Ray's AVG) is a sum, divided afterwards (``_averaged``)."""
+    return "sum" if op == "avg" else op
+
+
+def _averaged(comm: Any, out: Any, op: str) -> Any:
+    """``out`` divided by the member count for "avg" (the same sum on every member: the same bits)."""
+    if op == "avg":
+        out.div_(comm.world_size)
     return out
 
 
@@ -304,8 +316,8 @@ def _allgather(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
 
 def _reducescatter(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
     out = t.new_empty((t.shape[0] // comm.world_size, *t.shape[1:]))
-    comm.reducescatter(out, t.contiguous(), op)
-    return out
+    comm.reducescatter(out, t.contiguous(), _summed(op))
+    return _averaged(comm, out, op)
 
 
 COLLECTIVES: dict[str, Callable[[Any, Any, str, str], Any]] = {
@@ -350,7 +362,7 @@ def run_collective(
 
 
 def _signature(endpoint: CollectiveEndpoint, value: Any) -> list[int]:
-    op = None if endpoint.method == "allgather" else as_reduce_op(endpoint.op)
+    op = None if endpoint.method == "allgather" else as_reduce_op(_summed(endpoint.op))
     return signatures.encode(endpoint.method, value, op)
 
 
@@ -402,6 +414,9 @@ def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str |
                 f"communicator or gloo, but this group runs on {type(comm).__name__}; use algorithm=\"auto\"")
     if not isinstance(value, torch.Tensor):
         return f"collective {endpoint.node} takes one torch.Tensor per member, got {type(value).__name__}"
+    if endpoint.op == "avg" and endpoint.method != "allgather" and not (value.is_floating_point() or value.is_complex()):
+        return (f"collective {endpoint.node} ({endpoint.method}): op AVG divides the sum by the member count, "
+                f"which needs a floating dtype, not {value.dtype}; use SUM, or a float tensor")
     if endpoint.method == "reducescatter" and (value.dim() == 0 or value.shape[0] % comm.world_size):
         return (f"collective {endpoint.node} (reducescatter): the first dimension of {tuple(value.shape)} "
                 f"must be a multiple of the {comm.world_size} members")

@@ -42,6 +42,9 @@ class Member:
     def scale(self, t: torch.Tensor) -> torch.Tensor:
         return t * 2
 
+    def ints(self, x: int) -> torch.Tensor:
+        return torch.arange(4) + self.rank + x
+
     def pair(self, x: int) -> tuple[torch.Tensor, int]:
         return member_tensor(self.rank, x), self.rank
 
@@ -61,7 +64,7 @@ def members(ray_session):
 
 def expected(method: str, op: str, size: int, x: int) -> list[torch.Tensor]:
     inputs = torch.stack([member_tensor(r, x) for r in range(size)])
-    reduced = inputs.amax(0) if op == "max" else inputs.sum(0)
+    reduced = inputs.amax(0) if op == "max" else inputs.sum(0) / size if op == "avg" else inputs.sum(0)
     if method == "allreduce":
         return [reduced * 2] * size
     if method == "allgather":
@@ -98,6 +101,8 @@ def run(dag, xs, **options):
         ("allgather", "sum", 3),
         ("reducescatter", "max", 2),
         ("reducescatter", "sum", 4),
+        ("allreduce", "avg", 3),
+        ("reducescatter", "avg", 2),
     ],
 )
 def test_results_equal_torch_with_and_without_overlap(members, method, op, size):
@@ -151,6 +156,26 @@ def test_members_with_different_shapes_get_a_mismatch_and_the_graph_goes_on(memb
         torch.testing.assert_close(got[2], expected("allreduce", "sum", 3, 4)[2])
     finally:
         compiled.teardown()
+
+
+def test_ray_s_avg_op_and_transport_argument_port_as_they_are(members):
+    """``op=ReduceOp.AVG`` and ``transport="nccl"`` as Ray's own collective binds take them (on
+    CPU actors NCCL's place goes to the graph's communicator); an integer AVG is an error."""
+    from ray.experimental.util.types import ReduceOp as RayReduceOp
+
+    with InputNode() as inp:
+        inputs = [a.tensor.bind(inp) for a in members[:3]]
+        results = allreduce.bind(inputs, op=RayReduceOp.AVG, transport="nccl")
+        dag = MultiOutputNode([a.scale.bind(r) for a, r in zip(members[:3], results, strict=True)])
+    got = run(dag, [6])[0]
+    for g, w in zip(got, expected("allreduce", "avg", 3, 6), strict=True):
+        torch.testing.assert_close(g, w)
+    with pytest.raises(cgraph.DAGValidationError, match="default_communicator='gloo'"):
+        allgather.bind(inputs, transport="gloo")
+    with InputNode() as inp:
+        dag = MultiOutputNode(allreduce.bind([a.ints.bind(inp) for a in members[:2]], op="avg"))
+    with pytest.raises(cgraph.TaskError, match="needs a floating dtype, not torch.int64"):
+        run(dag, [1])
 
 
 def test_chained_collectives_and_members_from_multi_return_calls(members):
