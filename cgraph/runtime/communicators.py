@@ -257,10 +257,12 @@ def _collective_transport(graph: Graph, node: Any, default: str | None) -> str:
     if all(a.gpus > 0 for a in members):
         return "nccl"
     if default is None and len({a.host for a in members}) > 1:
-        where = ", ".join(f"{a.id}@{a.host}" for a in members)
+        here = "the driver's node"
+        where = ", ".join(f"{a.id}@{a.host or here}" for a in members)
         raise TransportError(f"collective {node.id} ({node.method}) spans hosts ({where}) without GPUs on all: "
                              "the CPU communicator joins one host's actors; give every member a GPU, put them "
-                             "on one host, or compile with default_communicator=\"gloo\" (or a communicator object)")
+                             "on one host, or compile with default_communicator=\"gloo\" (or a communicator "
+                             "object; experimental_compile's _default_communicator)")
     return default if default is not None else "cpu"
 
 
@@ -367,8 +369,9 @@ def _check_local(group: _Group, hosts: Mapping[str, str]) -> None:
         raise TransportError(
             f"the {group.kind} communicator of actors {', '.join(group.members)} joins actors on the "
             f"driver's node, but {', '.join(remote)} live on another node; compile with "
-            'default_communicator="gloo" (torch\'s gloo crosses nodes), give the actors GPUs (NCCL '
-            "does too), pass a communicator object that does, or place them on this node"
+            'default_communicator="gloo" (experimental_compile\'s _default_communicator; torch\'s gloo '
+            "crosses nodes), give the actors GPUs (NCCL does too), pass a communicator object that does, or "
+            "place them on this node"
         )
 
 
