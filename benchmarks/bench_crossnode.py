@@ -538,15 +538,7 @@ def measure_handshake(s: Settings) -> dict[str, Any]:
             conn, _ = listener.accept()
             try:
                 if with_handshake:
-                    acceptor = hs.Acceptor(lambda c: secret if c == claim else None)
-                    conn.sendall(acceptor.challenge)
-                    proof = None
-                    while proof is None:
-                        data = conn.recv(acceptor.wanted())
-                        if not data:
-                            raise hs.AuthError("peer closed")
-                        proof = acceptor.feed(data)
-                    conn.sendall(proof)
+                    hs.answer(conn, lambda c: secret if c == claim else None)
                 else:
                     conn.sendall(b"k")
             except BaseException as exc:  # noqa: BLE001

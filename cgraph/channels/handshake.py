@@ -187,6 +187,26 @@ def prove(sock: socket.socket, secret: bytes, claim: bytes, deadline: float) -> 
         raise AuthError("the listener could not prove it knows the graph's secret")
 
 
+def answer(sock: socket.socket, lookup: Callable[[bytes], bytes | None]) -> bytes:
+    """Run the listener's side on a connected, blocking ``sock`` (its timeout bounds each
+    read); the claim of a peer that proved itself.
+
+    Raises:
+        AuthError: it sent a bad response, an unknown claim or a wrong MAC, or closed.
+    """
+    acceptor = Acceptor(lookup)
+    sock.sendall(acceptor.challenge)
+    proof = None
+    while proof is None:
+        data = sock.recv(acceptor.wanted())
+        if not data:
+            raise AuthError("it closed the connection during the handshake")
+        proof = acceptor.feed(data)
+    sock.sendall(proof)
+    assert acceptor.claim is not None
+    return acceptor.claim
+
+
 def _poll(sock: socket.socket, event: int, wait: float) -> bool:
     if wait <= 0:
         return False

@@ -154,17 +154,9 @@ def _admit(sock: socket.socket, secret: bytes, claim_prefix: str, lookup: Callab
             sock = tls.wrap(sock, server_side=True)
             tls.handshake(sock, time.monotonic() + handshake.HANDSHAKE_S)  # type: ignore[arg-type]
         sock.settimeout(handshake.HANDSHAKE_S)
-        acceptor = handshake.Acceptor(lookup)
-        sock.sendall(acceptor.challenge)
-        proof = None
-        while proof is None:
-            data = sock.recv(acceptor.wanted())
-            if not data:
-                raise handshake.AuthError("it closed the connection during the handshake")
-            proof = acceptor.feed(data)
-        sock.sendall(proof)
+        claim = handshake.answer(sock, lookup)
         sock.settimeout(None)
     except BaseException:
         sock.close()
         raise
-    return int(acceptor.claim.decode().rpartition(" ")[2]), sock  # type: ignore[union-attr]
+    return int(claim.decode().rpartition(" ")[2]), sock
