@@ -85,6 +85,9 @@ class SocketLinks:
             if self._closed:
                 raise ChannelClosedError(f"the links to rank {peer}'s node are closed")
             sock = self._pairing.get(peer)
+            if self._closed:  # closed from another thread (an abort) while this one connected
+                sock.close()
+                raise ChannelClosedError(f"the links to rank {peer}'s node are closed")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(self._timeout)
             self._socks[peer], self._senders[peer] = sock, _Sender(sock, peer)
@@ -210,12 +213,12 @@ class SocketLinks:
             return
         self._closed = True
         self._pairing.close()
-        for sock in self._socks.values():
+        for sock in list(self._socks.values()):
             with contextlib.suppress(OSError):
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)  # a sender's sendall fails at once
-        for sender in self._senders.values():
+        for sender in list(self._senders.values()):
             sender.stop()
-        for sock in self._socks.values():
+        for sock in list(self._socks.values()):
             sock.close()
 
     def _read(self, view: memoryview, src: int) -> None:
