@@ -98,7 +98,7 @@ def is_group_initialized(group_name: str = "default") -> bool:
     Returns:
         Whether this process is a member; never waits for the other ranks.
     """
-    return groups.peek(group_name) is not None
+    return groups.peek(group_name, fresh=True) is not None
 
 
 def get_rank(group_name: str = "default") -> int:
@@ -132,8 +132,8 @@ def destroy_collective_group(group_name: str = "default") -> None:
 
     Called on the driver (not a member), it tears the whole group down at once: its
     store and the links it made are freed, and each member drops the group at its next
-    ``init_collective_group``, ``is_group_initialized``, ``get_rank`` or
-    ``get_collective_group_size`` of that name (which then answer as for a stranger).
+    ``init_collective_group`` or ``is_group_initialized`` of that name (which then
+    answer as for a stranger; each asks Ray once, so ``get_rank`` and the calls do not).
     A destroyed name can be used again for a new group.
 
     Args:

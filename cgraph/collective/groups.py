@@ -157,12 +157,13 @@ def find(name: str) -> Group | None:
         return None if declared is None else _join(*declared)
 
 
-def peek(name: str) -> tuple[int, int] | None:
+def peek(name: str, fresh: bool = False) -> tuple[int, int] | None:
     """(rank, world size) of this process in group ``name``, or None; unlike ``find``,
-    a declared group is not joined (joining a gloo group waits for every rank)."""
+    a declared group is not joined (joining a gloo group waits for every rank).
+    ``fresh``: first drop the group here if it was destroyed elsewhere (asks Ray)."""
     with _LOCK:
         group = _GROUPS.get(name)
-        if group is not None and _destroyed_elsewhere(group):
+        if group is not None and fresh and _destroyed_elsewhere(group):
             destroy(name)
             group = None
         if group is not None:
