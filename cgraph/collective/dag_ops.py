@@ -73,7 +73,8 @@ class _Collective:
 
     def _transport(self, transport: Any) -> None:
         """Ray's ``transport=``: None or "nccl" (NCCL where every member has a GPU, as in Ray;
-        on CPU actors the compile's communicator); anything else is the compile's to choose."""
+        on CPU actors the compile's communicator); any other value is refused, since the
+        compile's ``default_communicator`` chooses for every collective of the graph."""
         if transport is None or transport == "nccl":
             return
         raise _error(
