@@ -91,6 +91,7 @@ def ray_context_options() -> dict[str, Any]:
         "max_inflight_executions": ctx.max_inflight_executions,
         "max_buffered_results": ctx.max_buffered_results,
         "overlap_gpu_communication": bool(ctx.overlap_gpu_communication),
+        "teardown_timeout": float(ctx.teardown_timeout),
     }
     if ctx.get_timeout != RAY_DEFAULT_GET_TIMEOUT_S:
         options["get_timeout"] = ctx.get_timeout

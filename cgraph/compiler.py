@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,12 @@ class CompiledPlan:
         format: str = "png",
         view: bool = False,
         channel_details: bool = False,
-    ) -> Path | str:
+    ) -> Picture:
         """Draw the schedule, ops moved by the overlap pass in red.
 
-        Takes Ray Compiled Graphs' ``visualize`` arguments.
+        Takes Ray Compiled Graphs' ``visualize`` arguments and returns what Ray's
+        returns: the DOT source of the picture as text (here a ``Picture``, a ``str``
+        whose ``path`` is the file written), or the text for ``format="ascii"``.
 
         Args:
             filename: where to write (a trailing ``.png``/``.dot``... is replaced by
@@ -87,13 +90,28 @@ class CompiledPlan:
                 ``$CGRAPH_VISUALIZE_DIR`` or ``./cgraph-schedules``.
             format: "png", "svg" or "pdf" (a ``.dot`` file without graphviz), or
                 "ascii": the schedule grid as text, nothing written.
-            view: open the picture with the desktop's viewer (``xdg-open``) if there is one.
-            channel_details: accepted for Ray's signature; every edge is labelled anyway.
+            view: open the picture with the desktop's viewer (``xdg-open``) if there is
+                one; with "ascii", also write the text to standard output, as Ray does.
+            channel_details: accepted for Ray's signature (every edge is labelled
+                anyway); with "ascii" a ``ValueError``, as in Ray.
 
         Returns:
-            The path written, or the text for "ascii".
+            The ``Picture``: DOT source (or the ascii grid), ``.path`` the file.
         """
-        return draw_schedule(self.planned, filename, format=format, view=view)
+        return draw_schedule(self.planned, filename, format=format, view=view,
+                             channel_details=channel_details)
+
+
+class Picture(str):
+    """What ``visualize`` returns: the text Ray's ``visualize`` returns (the picture's DOT
+    source, or the ascii grid), with ``path``, the file written (None for ascii)."""
+
+    path: Path | None
+
+    def __new__(cls, text: str, path: Path | None) -> Picture:  # noqa: D102
+        picture = super().__new__(cls, text)
+        picture.path = path
+        return picture
 
 
 def draw_schedule(
@@ -102,27 +120,29 @@ def draw_schedule(
     *,
     format: str = "png",
     view: bool = False,
-) -> Path | str:
-    """Render a planned schedule (ops moved by the overlap pass in red); returns the file.
-
-    ``format="ascii"`` returns the schedule grid as text instead of writing a file.
-    """
+    channel_details: bool = False,
+) -> Picture:
+    """Render a planned schedule (ops moved by the overlap pass in red); see ``visualize``."""
     if format == "ascii":
+        if channel_details:
+            raise ValueError("Parameters 'channel_details' are not compatible with 'ascii' format.")
         from cgraph.scheduler.ops import format_grid
 
-        return format_grid(planned.schedule)
+        grid = format_grid(planned.schedule)
+        if view:  # asked for: Ray prints the ascii picture
+            sys.stdout.write(grid + "\n")
+        return Picture(grid, None)
     from cgraph import visualize  # lazy: only when a picture is asked for
 
     before = planned.before_overlap
+    dot = visualize.schedule_to_dot(planned.schedule, before)
     if path is None:
         written = visualize.write_schedule_picture(planned.schedule, before, format=format)
     else:
-        written = visualize.render(
-            visualize.schedule_to_dot(planned.schedule, before), path, format=format
-        )
+        written = visualize.render(dot, path, format=format)
     if view:
         _open_viewer(written)
-    return written
+    return Picture(dot, written)
 
 
 def _open_viewer(path: Path) -> None:
@@ -206,7 +226,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     get_timeout: float | None = None, enable_asyncio: bool = False,
     default_communicator: Any = None, cpu_affinity: Any = None, max_buffered_results: int = 1000,
     max_value_bytes: int = 16 << 30, tls: bool | None = None, timeline: bool | None = None,
-    timeline_executions: int = 100,
+    timeline_executions: int = 100, teardown_timeout: float = 30.0,
 ) -> Any:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
@@ -235,6 +255,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         timeline: record one event per op per execution for ``timeline()``
             (``None``: on when ``CGRAPH_TIMELINE`` names a file).
         timeline_executions: how many of the latest executions each actor keeps.
+        teardown_timeout: seconds ``teardown()`` waits for the actor loops to end.
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,

@@ -36,6 +36,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
+from cgraph import _threads
 from cgraph._log import logger
 from cgraph.channels.handshake import HANDSHAKE_S, Admission, AuthError, RefusalLog
 from cgraph.channels.socket_endpoint import tune
@@ -96,14 +97,15 @@ class ControlServer:
         self._stopped = False
         self._pid = os.getpid()
         name = f"cgraph-control-{self.address[1]}"
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
+        self._thread = _threads.start(self._serve, name)
         _LIVE.add(self)
 
     @classmethod
     def shared(cls, host: str = "127.0.0.1", tls: bool = False) -> ControlServer:
         """This process's server on ``host`` (with or without TLS), started on first use
-        (again after a fork)."""
+        (again after a fork, and after the last channel of the previous one was forgotten:
+        a ``register_channel`` that meets it closed raises ``ChannelClosedError``, and
+        the caller asks again)."""
         with _shared_lock:
             server = _shared.get((host, tls))
             if server is None or server._stopped or server._pid != os.getpid():
@@ -166,11 +168,20 @@ class ControlServer:
             return entry is None or entry.closed
 
     def forget_channel(self, name: str) -> None:
-        """Stop tracking ``name`` and close its endpoints' control connections."""
-        with self._lock:
-            entry = self._channels.pop(name, None)
-            for conn in entry.conns if entry is not None else ():
-                self._drop(conn)
+        """Stop tracking ``name`` and close its endpoints' control connections. A shared
+        server (``shared``) that tracks no channel any more closes: its thread and listener
+        go with the last graph that used them, and the next channel starts a new one."""
+        with _shared_lock:
+            with self._lock:
+                entry = self._channels.pop(name, None)
+                for conn in entry.conns if entry is not None else ():
+                    self._drop(conn)
+                key = (self.address[0], self.tls)
+                idle = not self._channels and _shared.get(key) is self
+            if idle:
+                del _shared[key]
+        if idle:
+            self.close()
 
     # ----------------------------------------------------------------- the thread
     def _serve(self) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cgraph import _threads
 from cgraph.channels import tls
 from cgraph.channels.handshake import HANDSHAKE_S, AuthError, RefusedError, prove
 from cgraph.channels.tls import WOULD_BLOCK, pending
@@ -261,8 +262,7 @@ def watch_closed(handle: SocketHandle, on_close: Callable[[], None]) -> Callable
         if not stopped.is_set():
             on_close()
 
-    thread = threading.Thread(target=run, name=f"cgraph-watch-{handle.name}", daemon=True)
-    thread.start()
+    thread = _threads.start(run, f"cgraph-watch-{handle.name}")
 
     def stop() -> None:
         stopped.set()

@@ -40,6 +40,7 @@ import threading
 import time
 from typing import Any
 
+from cgraph import _threads
 from cgraph.channels.base import ChannelReader
 from cgraph.channels.handshake import HANDSHAKE_S, Admission, AuthError, RefusalLog
 from cgraph.channels.serialization import loads
@@ -83,9 +84,7 @@ class SocketReader(Endpoint, ChannelReader):
             self._ctl.sendall(f"LISTEN {host} {listener.getsockname()[1]}\n".encode())
         except OSError:
             pass  # refused or gone: the receiving thread finds the channel closed
-        self._pump = threading.Thread(target=self._receive, daemon=True,
-                                      name=f"cgraph-recv-{handle.name}")
-        self._pump.start()
+        self._pump = _threads.start(self._receive, f"cgraph-recv-{handle.name}")
 
     def read(self, timeout: float | None = None, copy: bool = False) -> Any:
         """The next value, received whole into private memory (``copy`` changes nothing)."""

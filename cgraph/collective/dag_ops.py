@@ -53,10 +53,15 @@ class _Collective:
     def __repr__(self) -> str:
         return f"cgraph.collective.{self.name}"
 
-    def _bind(self, nodes: Any, options: dict[str, Any]) -> list[Any]:
+    def _bind(self, nodes: Any, options: dict[str, Any], transport: Any = None) -> list[Any]:
+        from cgraph.dag import TorchTensorType, with_type_hint
         from cgraph.dag.adapter_collective import bind_collective
 
-        return bind_collective(self.name, nodes, options)
+        comm = self._transport(transport)
+        outputs = bind_collective(self.name, nodes, options)
+        if comm is not None:  # this collective's own communicator (a group of its own)
+            with_type_hint(outputs[0].collective, TorchTensorType(transport=comm))
+        return outputs
 
     def _op(self, op: Any) -> str:
         if str(getattr(op, "name", op)).lower() == AVG:  # Ray's ReduceOp.AVG: a SUM, then / members
@@ -71,18 +76,26 @@ class _Collective:
                 f"pass op=cgraph.collective.ReduceOp.SUM (or one of {[o.value for o in ReduceOp]}, or \"avg\")",
             ) from None
 
-    def _transport(self, transport: Any) -> None:
-        """Ray's ``transport=``: None or "nccl" (NCCL where every member has a GPU, as in Ray;
-        on CPU actors the compile's communicator); any other value is refused, since the
-        compile's ``default_communicator`` chooses for every collective of the graph."""
-        if transport is None or transport == "nccl":
-            return
+    def _transport(self, transport: Any) -> Any:
+        """Ray's ``transport=``: None, "nccl" or "accelerator" (NCCL where every member has a
+        GPU, as in Ray; on CPU actors the compile's communicator), or a communicator object
+        (``cgraph.Communicator``, or a subclass of Ray's ``Communicator``), returned: this
+        collective then runs on it. Another string is refused."""
+        if transport is None or transport in ("nccl", "accelerator"):
+            return None
+        from ray.experimental.channel.communicator import Communicator as RayCommunicator
+
+        from cgraph.comm.communicator import Communicator
+
+        if isinstance(transport, (Communicator, RayCommunicator)):
+            return transport
         raise _error(
             f"{self.name}.bind: transport={transport!r} is not taken per collective",
             f"{self.name}.bind(..., transport={transport!r})",
-            "cgraph runs every collective of a graph on the communicator of its members: NCCL "
-            "where every member has a GPU, else the compile's default_communicator",
-            f"drop transport= and compile with default_communicator={transport!r}",
+            "a collective runs on NCCL where every member has a GPU, else on the compile's "
+            "default_communicator, or on a communicator object given here",
+            f"drop transport= and compile with default_communicator={transport!r}, or pass a "
+            "communicator object",
         )
 
 
@@ -104,7 +117,7 @@ class AllReduce(_Collective):
             algorithm: "auto" (the communicator's choice) or one of
                 ``cgraph.comm.algorithms.ALGORITHMS`` ("ring", "tree", ...),
                 which only the CPU communicator can run.
-            transport: Ray's argument: None or "nccl" (see ``_transport``).
+            transport: Ray's argument: None, "nccl" or a communicator object (``_transport``).
 
         Returns:
             One node per member, in the order of ``nodes``: that member's result,
@@ -122,8 +135,7 @@ class AllReduce(_Collective):
                 f"the algorithms are {AUTO!r} and {', '.join(map(repr, ALGORITHMS))}",
                 f"{hint}pass one of them (\"auto\" lets the communicator choose)",
             )
-        self._transport(transport)
-        return self._bind(nodes, {"op": self._op(op), "algorithm": algorithm})
+        return self._bind(nodes, {"op": self._op(op), "algorithm": algorithm}, transport)
 
 
 class AllGather(_Collective):
@@ -146,8 +158,7 @@ class AllGather(_Collective):
             DAGValidationError: an empty list, a member that is no actor method's
                 result, or two members on one actor.
         """
-        self._transport(transport)
-        return self._bind(nodes, {})
+        return self._bind(nodes, {}, transport)
 
 
 class ReduceScatter(_Collective):
@@ -171,8 +182,7 @@ class ReduceScatter(_Collective):
             DAGValidationError: an empty list, a member that is no actor method's
                 result, two members on one actor, or an unknown op.
         """
-        self._transport(transport)
-        return self._bind(nodes, {"op": self._op(op)})
+        return self._bind(nodes, {"op": self._op(op)}, transport)
 
 
 allreduce = AllReduce()

@@ -25,6 +25,8 @@ import select
 import threading
 from collections.abc import Callable, Mapping
 
+from cgraph import _threads
+
 
 class PeerWatch:
     """Calls ``on_death(rank, pid)`` from its own thread when the first of ``peers``
@@ -45,8 +47,7 @@ class PeerWatch:
             except OSError:
                 continue  # not allowed or not supported here: this one is not watched
         self._stop_r, self._stop_w = os.pipe()
-        self._thread = threading.Thread(target=self._run, name="cgraph-peer-watch", daemon=True)
-        self._thread.start()
+        self._thread = _threads.start(self._run, "cgraph-peer-watch")
 
     @property
     def watching(self) -> int:

@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cgraph import _threads
 from cgraph.channels import tls
 from cgraph.comm.socket_pairing import Pairing
 from cgraph.comm.transport import byte_view
@@ -245,8 +246,7 @@ class _Sender:
         self._stopped = False
         self._error: BaseException | None = None
         self._cv = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=f"cgraph-link>{peer}", daemon=True)
-        self._thread.start()
+        self._thread = _threads.start(self._run, f"cgraph-link>{peer}")
 
     def start(self, parts: list[memoryview]) -> None:
         with self._cv:

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from cgraph import _threads
 from cgraph.channels import handshake, tls
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
@@ -44,7 +45,7 @@ class Pairing:
         self._listener: socket.socket | None = None
         if self._expected:
             self._listener = socket.create_server((host, 0), backlog=len(self._expected) + 4)
-            threading.Thread(target=self._admit_all, name=f"cgraph-links-listen{rank}", daemon=True).start()
+            _threads.start(self._admit_all, f"cgraph-links-listen{rank}")
             try:
                 publish(f"{host}:{self._listener.getsockname()[1]}")
             except BaseException:

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cgraph import _threads
 from cgraph.errors import ChannelClosedError
 
 
@@ -46,8 +47,7 @@ class Stream:
         self.kept = 0
         self.closed = False  # closed: its queued work never runs (the communicator was destroyed)
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._thread = _threads.start(self._run, name)
 
     def enqueue(self, work: Callable[[], None]) -> None:
         """Run ``work`` after everything queued before it; returns at once."""

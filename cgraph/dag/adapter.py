@@ -36,6 +36,7 @@ What Ray 2.60 records, read here and nowhere else:
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -52,7 +53,7 @@ from cgraph._log import logger
 from cgraph.dag import adapter_collective, validate
 from cgraph.dag.adapter_collective import COLLECTIVE_NODES
 from cgraph.dag.adapter_order import order_nodes
-from cgraph.dag.collective_node import CollectiveOutput
+from cgraph.dag.collective_node import CollectiveNode, CollectiveOutput
 from cgraph.dag.nodes import CommunicatorTable, to_tensor_hint
 from cgraph.ir import Actor, ActorId, Arg, Const, Graph, Node, NodeKind, Ref
 
@@ -88,7 +89,7 @@ def read_dag(root: Any, *, communicators: CommunicatorTable | None = None) -> Fr
     table = communicators if communicators is not None else CommunicatorTable()
     outputs, multi = _outputs(root)
     nodes = order_nodes(_closure(outputs), _parents)
-    _check_dead_calls(nodes)
+    _check_leaf_nodes(nodes, outputs)
     builder = _Builder(table)
     graph = builder.build(nodes, outputs, multi)
     inputs = [n for n in nodes if isinstance(n, RayInputNode)]
@@ -151,15 +152,32 @@ def _parents(node: DAGNode) -> list[DAGNode]:
 
 
 def _check_not_nested(call: ClassMethodNode) -> None:
-    """Ray collected every node inside the arguments at bind time: any not passed directly is nested."""
-    direct = {id(v) for v in [*call.get_args(), *call.get_kwargs().values()] if isinstance(v, DAGNode)}
-    direct |= {id(v) for v in call.get_other_args_to_resolve().values() if isinstance(v, DAGNode)}
-    nested = [u for u in call._upstream_nodes if id(u) not in direct]
-    if nested:
-        slots = [f"argument {i}" for i, a in enumerate(call.get_args()) if _holds_node(a)]
-        slots += [f"keyword argument {k!r}" for k, v in call.get_kwargs().items() if _holds_node(v)]
-        slot = slots[0] if slots else "an argument"
-        raise validate.nested_node(describe(nested[0], 0), slot, describe(call, 0), describe(call))
+    """A node anywhere inside an argument (a list, a dict, any object) is refused, as in Ray."""
+    slots = [(f"argument {i}", a) for i, a in enumerate(call.get_args())]
+    slots += [(f"keyword argument {k!r}", v) for k, v in call.get_kwargs().items()]
+    for slot, value in slots:
+        found = _nodes_inside(value)
+        if found:
+            raise validate.nested_node(describe(found[0], 0), slot, describe(call, 0), describe(call),
+                                       count=len(found), arg=_short(value, 60))
+
+
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+"""Argument types that cannot hold a node (not scanned)."""
+
+
+def _nodes_inside(value: Any) -> list[DAGNode]:
+    """The DAG nodes anywhere inside the argument ``value`` (a list, a dict, any object),
+    found as Ray's ``bind`` finds them; empty for a node passed directly."""
+    if isinstance(value, (DAGNode, *_PLAIN)):
+        return []
+    from ray.dag.py_obj_scanner import _PyObjScanner
+
+    scanner = _PyObjScanner()
+    try:
+        return list(scanner.find_nodes([value]))
+    finally:
+        scanner.clear()
 
 
 def _holds_node(value: Any) -> bool:
@@ -174,24 +192,49 @@ def _contains(value: Any, match: Any) -> bool:
     return isinstance(value, (dict, list, tuple, set, frozenset)) and any(_contains(v, match) for v in items)
 
 
-def _check_dead_calls(nodes: list[DAGNode]) -> None:
-    """A call that reads the DAG but reaches no output would be dropped: Ray rejects it too."""
-    inside = {id(n) for n in nodes}
-    frontier = list(nodes)
-    while frontier:
-        node = frontier.pop()
+def _check_leaf_nodes(nodes: list[DAGNode], outputs: list[DAGNode]) -> None:
+    """Refuse leaf nodes as Ray does: a call (or one return value of a call) that reads the
+    DAG but that nothing reads and that is no output would run with its result, and its
+    errors, dropped. A collective counts when none of its members' results is read; one
+    member's unread result is fine (the collective runs on every member anyway)."""
+    seen = {id(n): n for n in nodes}
+    frontier = collections.deque(nodes)
+    while frontier:  # everything bound downstream of what the outputs read, nearest first
+        node = frontier.popleft()
         for d in node._downstream_nodes:
-            if id(d) in inside or not isinstance(d, (ClassMethodNode, FunctionNode, *COLLECTIVE_NODES)):
-                continue
-            if _only_next(d, node):
-                continue
-            if isinstance(d, CollectiveOutput) or (
-                isinstance(d, ClassMethodNode) and d.is_class_method_output
-            ):
-                inside.add(id(d))  # an unused return value is fine, its readers are not
+            if id(d) not in seen and isinstance(d, _CALLS) and not _only_next(d, node):
+                seen[id(d)] = d
                 frontier.append(d)
-                continue
-            raise validate.dead_call(describe(d, 0), describe(d))
+    outs = {id(o) for o in outputs}
+    leaves = [n for n in seen.values() if id(n) not in outs and _is_leaf(n, outs)]
+    if leaves:
+        raise validate.leaf_nodes([_method_name(n) for n in leaves],
+                                  [describe(n, 0) for n in leaves], [describe(n) for n in leaves])
+
+
+_CALLS = (ClassMethodNode, FunctionNode, *COLLECTIVE_NODES)
+"""Node kinds that run something, or stand for a value something ran."""
+
+
+def _is_leaf(node: DAGNode, outs: set[int]) -> bool:
+    if isinstance(node, CollectiveOutput) or not isinstance(node, (ClassMethodNode, *COLLECTIVE_NODES)):
+        return False
+    if isinstance(node, COLLECTIVE_NODES):  # its members' results: read by something, or outputs
+        return not any(id(o) in outs or _readers(o) for o in node._downstream_nodes)
+    return not _readers(node)
+
+
+def _readers(node: DAGNode) -> list[DAGNode]:
+    return [d for d in node._downstream_nodes if not _only_next(d, node)]
+
+
+def _method_name(node: DAGNode) -> str:
+    """The method a leaf runs, for Ray's sentence (``f[1]``: return value 1 of ``f``)."""
+    if isinstance(node, CollectiveNode):
+        return str(node.method)
+    if isinstance(node, ClassMethodNode) and node.is_class_method_output:
+        return f"{_method_name(node.class_method_call)}[{node.output_idx}]"  # type: ignore[arg-type]
+    return str(node.get_method_name()) if isinstance(node, ClassMethodNode) else type(node).__name__
 
 
 def _only_next(call: DAGNode, node: DAGNode) -> bool:

@@ -120,7 +120,8 @@ def to_tensor_hint(hint: Any, table: CommunicatorTable) -> TensorHint | None:
     """The IR's ``TensorHint`` for a node's type hint (cgraph's or Ray's); ``None`` if none.
 
     Ray's own ``TorchTensorType`` keeps Ray's meaning: its "auto" transport is
-    host memory ("shm"), "accelerator" is "nccl"; ``AutoTransportType`` (from
+    host memory ("shm"), "accelerator" is "nccl", a communicator whose transport is
+    "cpu" (Ray's ``CPUCommunicator``) is host memory too; ``AutoTransportType`` (from
     ``with_tensor_transport("auto")``) is "auto".
 
     Raises:
@@ -137,8 +138,10 @@ def to_tensor_hint(hint: Any, table: CommunicatorTable) -> TensorHint | None:
         return TensorHint("auto", device, static, direct)
     if isinstance(hint, _RayTorchTensorType):
         comm = hint.get_custom_communicator()
-        if comm is not None:
+        if comm is not None and hint.transport != _RayTorchTensorType.CPU:
             return TensorHint(table.name(comm), device, static, direct)
+        if comm is not None:  # a "cpu" communicator (Ray's CPUCommunicator): host memory, as in Ray
+            return TensorHint("shm", device, static, direct)
         if hint.transport in (_RayTorchTensorType.AUTO, _RayTorchTensorType.ACCELERATOR):
             transport = "nccl" if hint.transport == _RayTorchTensorType.ACCELERATOR else "shm"
             return TensorHint(transport, device, static, direct)

@@ -63,12 +63,14 @@ def check_graph(
         EmptyDAGError: no actor method call in the DAG.
         UnusedInputError: the DAG never reads its InputNode, or leaves an input
             attribute unread.
+        DAGValidationError: the DAG reads both the whole input and items of it.
         UnknownMethodError: a call names a method its actor's class lacks.
         TransportError: an input edge asks for a communicator transport.
     """
     check_single_input(graph)
     check_not_empty(graph)
     check_input_used(graph, unused_input_keys)
+    check_input_style(graph)
     check_methods(graph, methods)
     check_input_hints(graph)
 
@@ -133,6 +135,33 @@ def check_input_used(graph: Graph, unused_keys: Collection[int | str] = ()) -> N
                 f"pass {shown} to an actor method of the DAG, or do not create it",
             )
         )
+
+
+def check_input_style(graph: Graph) -> None:
+    """Raise ``DAGValidationError`` when the DAG reads the InputNode itself and also
+    ``inp[i]`` / ``inp.key``: execute's arguments would mean two things at once."""
+    inp = graph.input_node()
+    if inp is None:
+        return
+    readers = [graph.node(c) for c in graph.consumers()[inp.id]]
+    items = [r for r in readers if r.kind is NodeKind.INPUT_ATTR]
+    whole = [r for r in readers if r.kind is not NodeKind.INPUT_ATTR]
+    if inp.id in graph.outputs:
+        whole.append(inp)
+    if not (items and whole):
+        return
+    item_readers = [graph.node(c) for r in items for c in graph.consumers()[r.id]]
+    raise DAGValidationError(
+        error_message(
+            "All tasks must either use InputNode() directly, or they must index to specific "
+            "args or kwargs.",
+            "\n".join(node_text(graph, n.id) for n in [*whole[:1], *item_readers[:1]]),
+            "execute(...)'s arguments are either the one value the InputNode stands for, or "
+            "the positional and keyword arguments inp[i] and inp.key read; not both",
+            "read every value through inp[i] / inp.key (pass inp[0] where you passed inp), "
+            "or pass the whole input everywhere",
+        )
+    )
 
 
 def check_methods(graph: Graph, methods: Mapping[ActorId, Collection[str]]) -> None:
@@ -243,12 +272,16 @@ def generator_method(node: str, num_returns: object, where: str) -> DAGValidatio
     ))
 
 
-def nested_node(inner: str, slot: str, call: str, where: str) -> NestedNodeError:
-    """A DAG node inside a list, tuple or dict argument of a call."""
+def nested_node(inner: str, slot: str, call: str, where: str, *, count: int = 1,
+                arg: str = "") -> NestedNodeError:
+    """A DAG node inside a list, tuple, dict or other object passed as an argument of a call
+    (Ray's sentence first: ``count`` nodes found in the argument ``arg``)."""
     return NestedNodeError(error_message(
-        f"DAG node {inner} is nested inside {slot} of {call}", where,
+        f"Found {count} DAGNodes from the arg {arg} in {call}. Please ensure that the argument "
+        "is a single DAGNode and that a DAGNode is not allowed to be placed inside any type of "
+        f"container. (DAG node {inner} is nested inside {slot} of {call}.)", where,
         "a compiled graph passes node values only as direct arguments; inside a list, "
-        "tuple or dict the node object itself would be sent, not its value",
+        "tuple, dict or object the node object itself would be sent, not its value",
         "pass it as a direct argument (f.bind(x, y), not f.bind([x, y])); to return "
         "several nodes, use MultiOutputNode([x, y])",
     ))
@@ -272,11 +305,17 @@ def not_a_dag(value: str) -> DAGValidationError:
     ))
 
 
-def dead_call(node: str, where: str) -> DAGValidationError:
-    """A call that reads the DAG but whose result reaches no output."""
+def leaf_nodes(methods: list[str], nodes: list[str], wheres: list[str]) -> DAGValidationError:
+    """Calls (or return values of calls) that nothing reads and that are no output (Ray's
+    sentence first, with the count and the methods as Ray gives them)."""
+    more = f" (and {len(nodes) - 1} more)" if len(nodes) > 1 else ""
     return DAGValidationError(error_message(
-        f"{node} reads from the DAG but its result reaches no output", where,
-        "a compiled graph runs only what leads to an output; this call would be dropped "
-        "silently, and its errors with it (Ray rejects it too)",
-        "add it to the MultiOutputNode you compile, or do not bind it",
+        "Compiled DAG doesn't support leaf nodes, i.e., nodes that don't have downstream nodes "
+        f"and are not output nodes. There are {len(nodes)} leaf nodes in the DAG. Please add the "
+        f"outputs of {methods} to the MultiOutputNode.",
+        "\n".join(wheres),
+        f"{nodes[0]} reads from the DAG but its result reaches no output{more}; a compiled "
+        "graph would run it and drop its result, and its errors with it",
+        "add it to the MultiOutputNode you compile (MultiOutputNode([..., node])), or do not "
+        "bind it; of a call with num_returns=k, every return value must be read or an output",
     ))

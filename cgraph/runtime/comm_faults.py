@@ -49,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cgraph import _threads
 from cgraph.channels.segments import create_segment, open_segment, segment_name, unlink_quietly
 from cgraph.channels.shm_channel import ShmHandle
 from cgraph.errors import ChannelClosedError, CommunicatorError
@@ -195,7 +196,7 @@ class GroupFaults:
             event.set()  # before the abort: a call it fails finds the group aborted
             quietly(comm.abort)
 
-        threading.Thread(target=wait, name=f"cgraph-abort-{group.name}", daemon=True).start()
+        _threads.start(wait, f"cgraph-abort-{group.name}")
 
     def failed(self, name: str) -> GroupFailure | None:
         return self.failures.get(name)

@@ -273,13 +273,28 @@ def _resolve_kind(group: _Group, communicators: Mapping[str, Any], handles: Mapp
     elif t == "nccl":
         group.kind = plan_gpu_kind(group.members, handles)
     elif t.startswith("custom:") and t in communicators:
-        group.kind, group.obj = "custom", communicators[t]
+        group.kind, group.obj = "custom", _as_cgraph(t, communicators[t], group.members, handles)
         _check_custom(t, group.obj)
     else:
         raise CompileError(
             f"unknown communicator {t!r} for actors {', '.join(group.members)}; use "
             "'nccl', 'gloo' or 'cpu' (default_communicator=\"gloo\"|\"cpu\") or a communicator object"
         )
+
+
+def _as_cgraph(name: str, obj: Any, members: tuple[str, ...], handles: Mapping[str, Any]) -> Any:
+    """A user's communicator as cgraph runs it: a subclass of Ray's ``Communicator`` is
+    wrapped (``RayCommunicator``: its ranks read here, from the members' handles)."""
+    from ray.experimental.channel.communicator import Communicator as RayBase
+
+    if not isinstance(obj, RayBase):
+        return obj
+    from cgraph.comm.ray_communicator import RayCommunicator, ranks_of
+
+    try:
+        return RayCommunicator(obj, ranks_of(obj, [handles[m] for m in members], list(members)))
+    except ValueError as exc:
+        raise CompileError(f"communicator {name}: {exc}") from None
 
 
 def _check_custom(name: str, obj: Any) -> None:

@@ -144,7 +144,7 @@ class CompiledGraph(OutputReader):
                         if not multi_output and len(endpoints.output_readers) == 1
                         and [k for k, _ in endpoints.output_spec] == ["node"] else None)
         self._monitor: Any = None
-        self.drawer: Any = None  # draw_schedule(planned, filename, format=, view=): set by the compiler
+        self.drawer: Any = None  # compiler.draw_schedule(planned, filename, format=, ...): set by the compiler
         self.tracer: Any = None  # cgraph.visualize (trace_of, explain, draw_timeline): set by the compiler
         self._tag = tag
         self._recorder = Recorder(2 * options.timeline_executions) if records(options) else None
@@ -229,14 +229,15 @@ class CompiledGraph(OutputReader):
         view: bool = False,
         channel_details: bool = False,
     ) -> Any:
-        """Write the schedule picture (moved ops in red when overlap is on); returns its path.
+        """Write the schedule picture (moved ops in red when overlap is on).
 
-        Ray Compiled Graphs' arguments; ``format="ascii"`` returns the schedule grid
-        as text. See ``cgraph.CompiledPlan.visualize``.
+        Ray Compiled Graphs' arguments and return type: the picture's DOT source as a
+        ``str`` (its ``.path``: the file written), or for ``format="ascii"`` the
+        schedule grid as text. See ``cgraph.CompiledPlan.visualize``.
         """
         if self.drawer is None:
             raise RuntimeError("this graph was started without cgraph.compile, which gives it a way to draw")
-        return self.drawer(self.planned, filename, format=format, view=view)
+        return self.drawer(self.planned, filename, format=format, view=view, channel_details=channel_details)
 
     def timeline(self, path: str | os.PathLike[str] | None = None, executions: int = 3) -> Any:
         """The recorded executions as Chrome trace-event JSON (open it in ui.perfetto.dev),
@@ -283,13 +284,17 @@ class CompiledGraph(OutputReader):
                                f"timeline=True), or set {TIMELINE_ENV}=<file.json>")
         return collect(self._handles, self._labels, self._tag, self._recorder.snapshot())
 
-    def teardown(self, timeout: float = 10.0, kill_actors: bool = False) -> None:
+    def teardown(self, kill_actors: bool = False, timeout: float | None = None) -> None:
         """Stop every actor loop and free every channel. Safe to call twice.
 
-        ``kill_actors=True`` (Ray Compiled Graphs' option) also kills the graph's
-        actors afterwards, as ``ray.kill`` does. With ``CGRAPH_TIMELINE=<file>`` the
-        timeline is written there first.
+        Ray Compiled Graphs' signature: ``kill_actors=True`` also kills the graph's
+        actors afterwards, as ``ray.kill`` does. ``timeout``: how long to wait for the
+        loops to end (None: the ``teardown_timeout`` option, Ray's
+        ``DAGContext.teardown_timeout``). With ``CGRAPH_TIMELINE=<file>`` the timeline
+        is written there first.
         """
+        if timeout is None:
+            timeout = self.options.teardown_timeout
         with self._teardown_lock:
             if self._torn_down:
                 if kill_actors:
@@ -319,8 +324,14 @@ class CompiledGraph(OutputReader):
                 ray.wait(list(self._loops.values()), num_returns=len(self._loops), timeout=timeout)
             except Exception:  # noqa: BLE001 - actors may already be gone
                 pass
+        if self._monitor is not None:
+            self._monitor.join()  # woken by the loops' end: out of Ray before Ray may go down
         for res in self._ep.resources:
             _quietly(res.unlink)
+        ends = [self._ep.input_writer, *self._ep.output_readers.values()]
+        for end in ends:  # the driver's own endpoints: their sockets close now, not when collected
+            if end is not None:
+                _quietly(lambda end=end: end.detach())
         _quietly(self._on_teardown)
         _LIVE.discard(self)
 
@@ -396,10 +407,14 @@ class CompiledGraph(OutputReader):
                 if self._submitted - self._next_read < limit:
                     break
                 if self._next_read not in self._discarded:
+                    inflight = self._submitted - self._next_read
                     raise with_compat(CapacityError(
-                        f"{limit} executions are submitted and their results not yet taken "
-                        f"(max_inflight_executions={limit}); call get() on earlier refs first, "
-                        "or compile with a larger max_inflight_executions"))
+                        f"The compiled graph can't have more than {limit} in-flight executions, "
+                        f"and you currently have {inflight} in-flight executions. Retrieve an "
+                        "output using ray.get before submitting more requests or increase "
+                        "`_max_inflight_executions`. (cgraph: their results are not yet taken "
+                        "from the graph; call get() on earlier refs first, or compile with a "
+                        "larger max_inflight_executions.)"))
                 self._read_next(deadline=deadline_after(self.options.get_timeout))
             finally:
                 self._lock.release()

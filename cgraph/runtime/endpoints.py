@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
 from cgraph.channels.relay import RelayHandle
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle, ShmReader
-from cgraph.errors import CompileError
+from cgraph.errors import ChannelClosedError, CompileError
 from cgraph.ir import DRIVER
 from cgraph.runtime.node_channels import RemoteShm
 from cgraph.runtime.options import CompileOptions
@@ -174,10 +174,16 @@ def socket_channel(tag: str, channel_id: str, max_inflight: int, *, secret: byte
 
     from cgraph.channels.socket_channel import ControlServer, SocketChannel
 
-    server = ControlServer.shared(ray.util.get_node_ip_address(), tls=tls)
     limit = {} if max_value_bytes is None else {"max_value_bytes": max_value_bytes}
-    return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight, secret=secret,
-                                ends=ends, **limit)
+    for last in (False, True):
+        server = ControlServer.shared(ray.util.get_node_ip_address(), tls=tls)
+        try:
+            return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight,
+                                        secret=secret, ends=ends, **limit)
+        except ChannelClosedError:  # another graph's teardown closed it as we took it
+            if last:
+                raise
+    raise AssertionError("unreachable")
 
 
 def node_channel(tag: str, channel_id: str, hosts: tuple[str, str], *, max_inflight: int,
@@ -248,6 +254,10 @@ class FanOutWriter:
     def close(self) -> None:
         for writer in self._writers:
             writer.close()
+
+    def detach(self) -> None:
+        for writer in self._writers:
+            writer.detach()
 
 
 def forget_local(handles: list[Any]) -> None:

@@ -37,7 +37,7 @@ from cgraph.runtime.program import (
     ActorProgram,
     ComputeSpec,
 )
-from cgraph.runtime.recording import NO_BUFFER, Recorder, nbytes, register
+from cgraph.runtime.recording import NO_BUFFER, Recorder, nbytes, ray_task_events, register
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -347,16 +347,20 @@ def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
     recorder = ctx.recorder = register(program.graph_tag, program.timeline * max(comm_ops, 1), program.timeline)
     timed: list[Step] = []
     labels: list[str | None] = []
+    kinds: list[tuple[str, str] | None] = []  # (op kind, method) per step, for Ray's events
     sized: list[list[Any]] = []  # [step, size(), values in a row that had no buffer]
     for op, step in zip(program.ops, steps, strict=True):
         waits = _waiting(op, ctx) if op.kind is OpKind.COMPUTE and op.stream is not Stream.COMM else None
         if waits is not None:
             timed.append(waits)
             labels.append(f"wait {op}")
+            kinds.append(None)
         if op.kind is not OpKind.COMPUTE and op.stream is not Stream.COMM:
             sized.append([len(timed), value_size(ctx, op.node), 0])
         timed.append(step)
         labels.append(None if op.stream is Stream.COMM else str(op))
+        kinds.append((op.kind.value, _method_of(op, program)))
+    ray_events = ray_task_events(ctx.instance, kinds) if program.ray_events else None
     names, now, add = tuple(labels), time.perf_counter_ns, recorder.add_run
     _spans.bind(lambda text, start, end, size: recorder.add(text, "collective", ctx.execution, start, end, size))
     ctx.close_hooks.append(lambda: _spans.bind(None))
@@ -373,8 +377,19 @@ def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
                 got = sizes[entry[0]] = entry[1](None)
                 entry[2] = 0 if got is not None else entry[2] + 1
         add(ctx.execution, names, stamps, sizes)
+        if ray_events is not None:
+            ray_events(stamps)
 
     return run_one
+
+
+def _method_of(op: Op, program: ActorProgram) -> str:
+    """The method (or collective) an op belongs to, as Ray's events name it."""
+    if op.kind is OpKind.COMPUTE:
+        return program.computes[op.node].method
+    if op.kind is OpKind.COLLECTIVE and program.comm is not None and op.node in program.comm.collectives:
+        return program.comm.collectives[op.node].method
+    return ""
 
 
 _SIZE_TRIES = 8

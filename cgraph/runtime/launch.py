@@ -41,7 +41,7 @@ from cgraph.runtime.monitor import LoopMonitor
 from cgraph.runtime.node_channels import NodeWatch, RemoteSegments, make_remote
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
-from cgraph.runtime.timeline import records
+from cgraph.runtime.timeline import ray_profiling, records
 from cgraph.scheduler.ops import OpKind
 
 if TYPE_CHECKING:
@@ -212,7 +212,8 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
             watch = _node_watch(a, program, tag, secret, resources, use_tls) if a not in local else None
             programs[a] = replace(program, comm=comm.program_of(a), node_watch=watch,
                                   cpu_affinity=cpus if a in local else None,
-                                  timeline=options.timeline_executions if records(options) else None)
+                                  timeline=options.timeline_executions if records(options) else None,
+                                  ray_events=ray_profiling())
         endpoints = _driver_endpoints(planned, resources)
     except Exception:
         for res in resources.values():

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import ray
 
+from cgraph import _threads
 from cgraph.errors import ActorDiedError, ChannelLostError, RuntimeGraphError
 
 DEATH_GRACE_S = 3.0
@@ -36,11 +37,17 @@ class LoopMonitor:
         self._on_failure = on_failure
         self._poll_s = poll_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cgraph-monitor", daemon=True)
-        self._thread.start()
+        self._thread = _threads.start(self._run, "cgraph-monitor")
 
     def stop(self) -> None:
         self._stop.set()
+
+    def join(self) -> None:
+        """Wait until the thread is out of Ray (``stop`` first): it wakes as soon as a loop
+        ends, or at its next poll. ``ray.shutdown()`` tears graphs down before it
+        disconnects, so no Ray call of a monitor overlaps the disconnect."""
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=self._poll_s + 1.0)
 
     def _run(self) -> None:
         by_ref = {ref: actor for actor, ref in self._loops.items()}

@@ -40,6 +40,8 @@ class CompileOptions:
             ``CompiledGraph.timeline()`` (None, the default: on when the
             ``CGRAPH_TIMELINE`` environment variable names a file to write at teardown).
         timeline_executions: how many of the latest executions each actor keeps.
+        teardown_timeout: seconds ``teardown()`` waits for the actor loops to end
+            (Ray's ``DAGContext.teardown_timeout``, 30).
         tls: run TLS on every socket of the graph (certificates from each process's
             ``CGRAPH_TLS_CERT``/``_KEY``/``_CA``, else Ray's ``RAY_TLS_*``); None (the
             default): on when ``CGRAPH_TLS=1`` or ``RAY_USE_TLS=1``.
@@ -58,6 +60,7 @@ class CompileOptions:
     tls: bool | None = None  # TLS on every socket; None: CGRAPH_TLS / RAY_USE_TLS decide
     timeline: bool | None = None  # record op events; None: on when CGRAPH_TIMELINE is set
     timeline_executions: int = 100
+    teardown_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("submit_timeout", "get_timeout"):  # Ray's -1 (any negative): no limit

@@ -56,6 +56,7 @@ class ActorProgram:
     node_watch: NodeWatch | None = None  # off the driver's node: what closes that node's channels
     cpu_affinity: Any = None  # CPUs to pin the loop thread to (runtime/affinity.py), or None
     timeline: int | None = None  # record op events, keeping this many executions (recording.py)
+    ray_events: bool = False  # also append Ray's task events to the actor (RAY_CGRAPH_ENABLE_PROFILING)
 
 
 def _arg_spec(arg: Ref | Const, graph: Graph) -> ArgSpec:

@@ -171,3 +171,55 @@ def fetch(_instance: object, tag: str) -> Fetched:
         recorder = _RECORDERS.get(tag)
     events = recorder.snapshot() if recorder is not None else []
     return Fetched(events, time.perf_counter_ns(), ray.get_runtime_context().get_node_id())
+
+
+# --------------------------------------------------------------------------- Ray's events
+RAY_EVENTS_ATTR = "__ray_cgraph_events"
+"""The actor attribute Ray's event profiling (``RAY_CGRAPH_ENABLE_PROFILING``) appends to."""
+
+_TASK_READS = frozenset({"R", "RECV"})
+_TASK_WRITES = frozenset({"W", "SEND"})
+
+
+def ray_task_events(instance: object, steps: list[tuple[str, str] | None]) -> Callable[[list[int]], None]:
+    """Ray Compiled Graphs' event profiling on a recording loop: per method call (a Ray
+    "task") and execution, a READ, a COMPUTE and a WRITE ``_ExecutableTaskRecord`` appended
+    to the actor's ``__ray_cgraph_events`` list, as Ray's loop does with the switch on.
+
+    ``steps`` are the loop's steps: ``(op kind, method)`` per op (kind ``"R"``, ``"C"``,
+    ``"COLL"``...), None for a wait before a compute. A task's READ spans the reads (and
+    waits) since the previous task, its WRITE the writes and sends right after it; either
+    may be empty (a value passed inside the actor), as a zero-length event. The returned
+    function takes one execution's step boundaries (``add_run``'s ``stamps``).
+    """
+    import ray
+    from ray.dag.compiled_dag_node import _ExecutableTaskRecord
+
+    context = ray.get_runtime_context()
+    who = {"actor_classname": type(instance).__name__, "actor_name": context.get_actor_name() or "",
+           "actor_id": context.get_actor_id() or ""}
+    tasks: list[tuple[str, int, int, int]] = []  # (method, first read step, compute step, end of writes)
+    first_read: int | None = None
+    for i, step in enumerate(steps):
+        if step is None or step[0] in _TASK_READS:
+            first_read = i if first_read is None else first_read
+        elif step[0] in ("C", "COLL"):
+            end = i + 1
+            while end < len(steps) and steps[end] is not None and steps[end][0] in _TASK_WRITES:  # type: ignore[index]
+                end += 1
+            tasks.append((step[1], i if first_read is None else first_read, i, end))
+            first_read = None
+    if not hasattr(instance, RAY_EVENTS_ATTR):
+        setattr(instance, RAY_EVENTS_ATTR, [])
+    events: list[Any] = getattr(instance, RAY_EVENTS_ATTR)
+
+    def record(stamps: list[int]) -> None:
+        for bind_index, (method, read, compute, end) in enumerate(tasks):
+            for operation, start, stop in (("READ", read, compute), ("COMPUTE", compute, compute + 1),
+                                           ("WRITE", compute + 1, end)):
+                events.append(_ExecutableTaskRecord(
+                    method_name=method, bind_index=bind_index, operation=operation,
+                    start_t=stamps[start] / 1e9, end_t=stamps[stop] / 1e9, **who))
+
+    return record
+

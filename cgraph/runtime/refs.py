@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from ray.experimental.compiled_dag_ref import CompiledDAGRef
+from ray.experimental.compiled_dag_ref import CompiledDAGFuture, CompiledDAGRef
 
 from cgraph.errors import CapacityError, RefConsumedError, TimeoutError
 
@@ -50,8 +50,9 @@ class CompiledRef(CompiledDAGRef):
         """
         if self._consumed:
             raise RefConsumedError(
-                f"the result of execution {self._execution_index} was already read; "
-                "a compiled ref can be read once (keep the value the first get() returned)"
+                "ray.get() can only be called once on a CompiledDAGRef, and it was already "
+                f"called. (cgraph: the result of execution {self._execution_index} was already "
+                "read; keep the value the first get() returned.)"
             )
         try:
             value = self._graph._get_result(self._execution_index, timeout, self._output)
@@ -64,8 +65,10 @@ class CompiledRef(CompiledDAGRef):
         return value
 
     def __str__(self) -> str:
-        output = "" if self._output is None else f", output={self._output}"
-        return f"CompiledRef(graph={self._graph.graph_id}, execution={self._execution_index}{output})"
+        """Ray's text: ``CompiledDAGRef(<graph id>, execution_index=i, channel_index=k)``
+        (``k`` the output of a MultiOutputNode, None for a graph's whole result)."""
+        return (f"CompiledDAGRef({self._graph.get_id()}, execution_index={self._execution_index}, "
+                f"channel_index={self._output})")
 
     __repr__ = __str__
 
@@ -117,15 +120,44 @@ class CompiledRefList(list):  # type: ignore[type-arg]
         return values
 
 
-class CompiledFuture:
-    """An awaitable result, from ``await compiled.execute_async(...)``."""
+class CompiledFuture(CompiledDAGFuture):
+    """An awaitable result, from ``await compiled.execute_async(...)``; awaited once.
 
-    def __init__(self, ref: CompiledRef) -> None:
+    Subclasses Ray's ``CompiledDAGFuture`` (``isinstance`` checks hold); the result
+    is read by a worker thread, so the event loop never blocks.
+    """
+
+    def __init__(self, ref: CompiledRef) -> None:  # noqa: D107 - Ray's __init__ wants its own DAG
         self._ref = ref
+        self._awaited = False
+
+    def __str__(self) -> str:
+        ref = self._ref
+        return (f"CompiledDAGFuture({ref._graph.get_id()}, execution_index={ref.execution_index}, "
+                f"channel_index={ref._output})")
+
+    __repr__ = __str__
+
+    def __copy__(self) -> CompiledFuture:
+        raise ValueError("CompiledDAGFuture cannot be copied.")
+
+    def __deepcopy__(self, memo: Any) -> CompiledFuture:
+        raise ValueError("CompiledDAGFuture cannot be deep copied.")
+
+    def __reduce__(self) -> Any:
+        raise ValueError("CompiledDAGFuture cannot be pickled.")
 
     def __await__(self) -> Any:
+        if self._awaited:
+            raise RefConsumedError(
+                "CompiledDAGFuture can only be awaited upon once, and it has already been "
+                f"awaited upon. (cgraph: execution {self._ref.execution_index}.)")
+        self._awaited = True
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(None, self._ref.get).__await__()
+
+    def __del__(self) -> None:
+        pass  # the ref it holds gives its result up when it goes (CompiledRef.__del__)
 
 
 class CompiledFutureList(list):  # type: ignore[type-arg]

@@ -107,9 +107,11 @@ class OutputReader:
         limit = self.options.max_buffered_results
         if len(self._results) >= limit and self._next_read not in self._discarded:
             raise with_compat(CapacityError(
-                f"{len(self._results)} results are buffered (max_buffered_results={limit}): "
-                "a later execution was read before them; call get() on the earlier refs "
-                "first, or compile with a larger max_buffered_results"))
+                f"The compiled graph can't have more than {limit} buffered results, and you "
+                f"currently have {len(self._results)} buffered results. Call `ray.get()` on "
+                "CompiledDAGRef's (or await on CompiledDAGFuture's) to retrieve results, or "
+                "increase `_max_buffered_results` if buffering is desired. (cgraph: a later "
+                "execution was read before them; compile with a larger max_buffered_results.)"))
 
     def _get_single(self, index: int, deadline: float | None) -> Any:
         """``_get_result`` of the next execution of a one-output graph, without the

@@ -26,10 +26,20 @@ Track = tuple[str, str, list[Event], int, int]
 
 
 def records(options: CompileOptions) -> bool:
-    """Whether a graph compiled with ``options`` records its timeline."""
+    """Whether a graph compiled with ``options`` records its timeline: ``timeline=``, else
+    ``CGRAPH_TIMELINE`` or Ray's event profiling switch (``ray_profiling``)."""
     if options.timeline is not None:
         return options.timeline
-    return bool(os.environ.get(TIMELINE_ENV))
+    return bool(os.environ.get(TIMELINE_ENV)) or ray_profiling()
+
+
+def ray_profiling() -> bool:
+    """Ray's ``RAY_CGRAPH_ENABLE_PROFILING`` switch, read as Ray's compile reads it (the
+    constant in ``ray.dag.constants``, set from the environment when Ray loads): each actor
+    then also keeps Ray's task events (``recording.ray_task_events``)."""
+    from ray.dag import constants
+
+    return bool(getattr(constants, "RAY_CGRAPH_ENABLE_PROFILING", False))
 
 
 def collect(handles: Mapping[str, Any], labels: Mapping[str, str], tag: str,

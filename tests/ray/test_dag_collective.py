@@ -181,16 +181,16 @@ def test_ray_s_avg_op_and_transport_argument_port_as_they_are(members):
 def test_chained_collectives_and_members_from_multi_return_calls(members):
     a, b = members[:2]
     with InputNode() as inp:
-        ta, _ = a.pair.options(num_returns=2).bind(inp)
+        ta, rank_a = a.pair.options(num_returns=2).bind(inp)  # every return value read, as Ray asks
         tb, rank_b = b.pair.options(num_returns=2).bind(inp)
         summed = allreduce.bind([ta, tb], op=ReduceOp.SUM)
         gathered = allgather.bind(summed)
-        dag = MultiOutputNode([*gathered, rank_b])
-    ga, gb, rank = run(dag, [1])[0]
+        dag = MultiOutputNode([*gathered, rank_a, rank_b])
+    ga, gb, rank0, rank = run(dag, [1])[0]
     total = member_tensor(0, 1) + member_tensor(1, 1)
     torch.testing.assert_close(ga, torch.cat([total, total]))
     torch.testing.assert_close(gb, ga)
-    assert rank == 1
+    assert (rank0, rank) == (0, 1)
 
 
 def test_a_call_bound_after_the_collective_runs_after_it_on_that_handle(members):

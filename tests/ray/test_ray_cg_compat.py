@@ -10,6 +10,7 @@ cgraph was first pinned here as an ``xfail(strict=True)`` test; all are closed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 
@@ -604,3 +605,153 @@ def test_results_read_out_of_order_leave_room_for_more_executions(make):
         assert r1.get(timeout=30) == 2  # takes 0 and 1 from the channels; 0 is buffered
         r2, r3 = compiled.execute(2), compiled.execute(3)  # as in Ray: two more fit
         assert [r0.get(timeout=30), r2.get(timeout=30), r3.get(timeout=30)] == [1, 3, 4]
+
+
+# --------------------------------------------------------------------------- Ray's texts and events
+def test_refs_and_futures_print_and_refuse_as_rays(make):
+    from ray.experimental.compiled_dag_ref import CompiledDAGFuture, CompiledDAGRef
+
+    a, b = make(Worker, 2)
+    with InputNode() as inp:
+        single = a.inc.bind(inp)
+    with _compile(single) as compiled:
+        ref = compiled.execute(1)
+        assert isinstance(ref, CompiledDAGRef)
+        assert str(ref) == f"CompiledDAGRef({compiled.get_id()}, execution_index=0, channel_index=None)"
+        assert ray.get(ref) == 2
+        with pytest.raises(ValueError, match=r"^ray.get\(\) can only be called once on a CompiledDAGRef, "
+                                             "and it was already called"):
+            ray.get(ref)
+    with InputNode() as inp:
+        multi = MultiOutputNode([a.inc.bind(inp), b.mul.bind(inp)])
+
+    async def main():
+        futs = await compiled.execute_async(3)
+        assert all(isinstance(f, CompiledDAGFuture) for f in futs)
+        assert [str(f) for f in futs] == [
+            f"CompiledDAGFuture({compiled.get_id()}, execution_index=0, channel_index={k})" for k in (0, 1)]
+        got = [await f for f in futs]
+        with pytest.raises(ValueError, match="^CompiledDAGFuture can only be awaited upon once"):
+            await futs[0]
+        return got
+
+    with _compile(multi, enable_asyncio=True) as compiled:
+        assert asyncio.run(main()) == [4, 6]
+        refs = compiled.execute(1)
+        assert [str(r) for r in refs] == [
+            f"CompiledDAGRef({compiled.get_id()}, execution_index=1, channel_index={k})" for k in (0, 1)]
+        assert ray.get(refs) == [2, 2]
+
+
+RAY_INFLIGHT = ("The compiled graph can't have more than 2 in-flight executions, and you currently "
+                "have 2 in-flight executions. Retrieve an output using ray.get before submitting more "
+                "requests or increase `_max_inflight_executions`. ")
+
+
+def test_capacity_errors_lead_with_rays_sentence(make):
+    (a,) = make(Worker, 1)
+    with InputNode() as inp:
+        dag = a.inc.bind(inp)
+    with _compile(dag, _max_inflight_executions=2) as compiled:
+        held = [compiled.execute(i) for i in range(2)]
+        with pytest.raises(ray.exceptions.RayCgraphCapacityExceeded) as info:
+            compiled.execute(2)
+        assert str(info.value).startswith(RAY_INFLIGHT), str(info.value)
+        assert [r.get(timeout=30) for r in held] == [1, 2]
+
+    async def main():
+        held = [await compiled.execute_async(i) for i in range(2)]
+        with pytest.raises(ray.exceptions.RayCgraphCapacityExceeded) as info:
+            await compiled.execute_async(2)
+        assert str(info.value).startswith(RAY_INFLIGHT)
+        return [await f for f in held]
+
+    with _compile(dag, enable_asyncio=True, _max_inflight_executions=2) as compiled:
+        assert asyncio.run(main()) == [1, 2]
+    with _compile(dag, _max_inflight_executions=3, _max_buffered_results=1) as compiled:
+        refs = [compiled.execute(i) for i in range(3)]
+        with pytest.raises(ray.exceptions.RayCgraphCapacityExceeded,
+                           match="^The compiled graph can't have more than 1 buffered results, and you "
+                                 "currently have 1 buffered results"):
+            refs[2].get(timeout=30)  # would buffer executions 0 and 1
+        assert [r.get(timeout=30) for r in refs] == [1, 2, 3]
+
+
+def _ray_events(actor):
+    return ray.get(actor.__ray_call__.remote(lambda self: list(getattr(self, "__ray_cgraph_events", []))),
+                   timeout=30)
+
+
+def test_rays_profiling_switch_records_rays_task_events(make, monkeypatch):
+    """RAY_CGRAPH_ENABLE_PROFILING: per method call and execution, a READ, a COMPUTE and a
+    WRITE event on the actor (``__ray_cgraph_events``), from cgraph's timeline recording."""
+    monkeypatch.setattr(ray.dag.constants, "RAY_CGRAPH_ENABLE_PROFILING", True)
+    a, b = make(Acc, 2)
+    with InputNode() as inp:
+        dag = MultiOutputNode([a.add.bind(inp), b.double_add.bind(b.add.bind(inp))])
+    with _compile(dag) as compiled:
+        assert ray.get(compiled.execute(1)) == [1, 3]
+        got_a, got_b = _ray_events(a), _ray_events(b)
+        assert [(e.method_name, e.operation) for e in got_a] == [
+            ("add", "READ"), ("add", "COMPUTE"), ("add", "WRITE")]
+        assert [(e.method_name, e.operation) for e in got_b] == [
+            (m, op) for m in ("add", "double_add") for op in ("READ", "COMPUTE", "WRITE")]
+        for events in (got_a, got_b):
+            assert all(e.actor_classname == "Acc" and e.start_t <= e.end_t for e in events)
+            assert all(x.end_t <= y.start_t + 1e-6 for x, y in itertools.pairwise(events)), "in loop order"
+            assert {e.actor_id for e in events} == {events[0].actor_id}
+        assert [e.bind_index for e in got_b] == [0, 0, 0, 1, 1, 1]
+        assert ray.get(compiled.execute(2)) == [3, 15]  # b: 3 + 2 = 5, then 5 * 2 + 5
+        assert len(_ray_events(b)) == 12, "each execution adds its events"
+        assert compiled.timeline()["traceEvents"], "the switch records cgraph's timeline too"
+    monkeypatch.setattr(ray.dag.constants, "RAY_CGRAPH_ENABLE_PROFILING", False)
+    (c,) = make(Acc, 1)
+    with InputNode() as inp:
+        dag = c.add.bind(inp)
+    with _compile(dag) as compiled:
+        assert ray.get(compiled.execute(1)) == 1
+        assert _ray_events(c) == [], "off by default"
+
+
+# --------------------------------------------------------------------------- Ray's ref destruction
+def _nothing_kept(compiled) -> bool:
+    """No result buffered, no drop pending, no execution waiting to be read away."""
+    return not (compiled._results or compiled._discarded or compiled._unread or compiled._dropped
+                or compiled._inputs_kept)
+
+
+def test_a_dropped_output_of_a_later_execution_is_released_with_it(make):
+    (acc,) = make(Acc, 1)
+    with InputNode() as inp:
+        dag = MultiOutputNode([acc.add.bind(inp), acc.add.bind(inp)])
+    with _compile(dag) as compiled:
+        first = compiled.execute(1)
+        one, two = compiled.execute(2)
+        del one  # dropped before anything was read
+        assert _nothing_kept(compiled) is False, "execution 1 still waits for its other output"
+        assert ray.get(two) == 6  # reads (and buffers) execution 0 first
+        assert len(compiled._results) == 1, "only execution 0's results are kept, for `first`"
+        assert ray.get(first) == [1, 2]
+        assert _nothing_kept(compiled)
+        solo = compiled.execute(3)[0]  # the other ref dropped at once, unread
+        assert ray.get(solo) == 9
+        assert _nothing_kept(compiled)
+
+
+def test_futures_dropped_unawaited_inside_asyncio_release_their_results(make):
+    a, b = make(Worker, 2)
+    with InputNode() as inp:
+        dag = MultiOutputNode([a.echo.bind(inp), b.echo.bind(inp)])
+
+    async def one(i):
+        await asyncio.sleep(i * 0.05)
+        futs = await compiled.execute_async(i)
+        return await futs[0]  # futs[1] is dropped unawaited
+
+    async def main():
+        return await asyncio.gather(*[one(i) for i in range(6)])
+
+    with _compile(dag, enable_asyncio=True, _max_inflight_executions=2) as compiled:
+        assert asyncio.run(main()) == list(range(6))
+        assert _nothing_kept(compiled)
+        assert ray.get(compiled.execute(7)) == [7, 7]

@@ -107,10 +107,12 @@ def test_visualize_writes_picture(pair, tmp_path):
         dag = b.mul.bind(a.inc.bind(inp))
     compiled = cgraph.compile(dag)
     try:
-        path = compiled.visualize(str(tmp_path / "sched"), format="svg")
+        picture = compiled.visualize(str(tmp_path / "sched"), format="svg")
+        path = picture.path
         assert path.exists() and path.suffix in (".svg", ".dot")
         text = path.read_text()
         assert "a.C" in text and "b.C" in text
+        assert isinstance(picture, str) and "a.C" in picture, "Ray's return type: the DOT source"
     finally:
         compiled.teardown()
 

@@ -59,7 +59,7 @@ def interpret(spec, calcs, input_value, call):
     ``call(method, *args, **kwargs)`` makes one node (bind) or ref (remote).
     Returns the outputs, in order."""
     steps, extra = spec
-    made, used = [], set()
+    made, used, second = [], set(), []
     for actor, kind, sources, c in steps:
         values = []
         for src, what in sources:
@@ -71,12 +71,13 @@ def interpret(spec, calcs, input_value, call):
                 values.append(made[what])
                 used.add(what)
         if kind == "pair":
-            lo, _hi = call(calcs[actor].pair.options(num_returns=2), values[0])
+            lo, hi = call(calcs[actor].pair.options(num_returns=2), values[0])
             made.append(lo)
+            second.append(hi)  # an output: as in Ray, every return value is read or an output
         else:
             made.append(call(calcs[actor].lin, *values, c=c))
     outs = [i for i in range(len(made)) if i not in used] + extra
-    return [made[i] for i in dict.fromkeys(outs)]
+    return [made[i] for i in dict.fromkeys(outs)] + second
 
 
 def build(spec, calcs):

@@ -456,6 +456,7 @@ def test_attach_and_detach_leak_no_file_descriptor():
 def test_shared_server_survives_idle_channels_dead_endpoints_and_garbage(tag):
     server = ControlServer.shared()
     assert ControlServer.shared() is server
+    keeper = SocketChannel.create(server, tag, "keeper")  # a graph's channel, live throughout
     idle = SocketChannel.create(server, tag, "idle")  # no endpoint ever attaches
     assert not idle.closed
     idle.close()
@@ -475,6 +476,27 @@ def test_shared_server_survives_idle_channels_dead_endpoints_and_garbage(tag):
         assert reader.read(timeout=5) == "still serving"
         detach_all(writer, reader)
     assert server._thread.is_alive()
+    keeper.unlink()
+
+
+def test_a_shared_server_goes_with_its_last_channel_and_the_next_starts_anew(tag):
+    server = ControlServer.shared()
+    first, second = SocketChannel.create(server, tag, "one"), SocketChannel.create(server, tag, "two")
+    first.unlink()
+    assert server._thread.is_alive(), "a channel is still tracked"
+    second.unlink()
+    server._thread.join(timeout=5)
+    assert not server._thread.is_alive() and server._listener.fileno() == -1, "thread and listener gone"
+    with pytest.raises(ChannelClosedError):
+        SocketChannel.create(server, tag, "late")  # a caller holding the old one asks again
+    fresh = ControlServer.shared()
+    assert fresh is not server
+    with SocketChannel.create(fresh, tag, "three") as ch:
+        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer.write("served")
+        assert reader.read(timeout=5) == "served"
+        detach_all(writer, reader)
+        ch.unlink()
 
 
 def test_shared_server_is_recreated_in_a_forked_child(tag):

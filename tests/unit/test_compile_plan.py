@@ -194,17 +194,28 @@ def test_visualize_switch_writes_the_schedule_picture(monkeypatch, tmp_path, cap
 
 def test_visualize_to_a_chosen_path(tmp_path):
     compiled = cgraph.plan(build_seed_dag(), overlap_gpu_communication=True)
-    written = compiled.visualize(tmp_path / "seed.png")
+    picture = compiled.visualize(tmp_path / "seed.png")
+    written = picture.path
     assert written.parent == tmp_path and written.stem == "seed" and written.exists()
+    assert isinstance(picture, str) and picture.startswith("digraph"), "Ray's return: the DOT source"
+    assert "red" in picture, "ops the overlap pass moved are marked"
 
 
 def test_visualize_takes_rays_arguments(tmp_path):
     compiled = cgraph.plan(build_seed_dag(), overlap_gpu_communication=True)
-    written = compiled.visualize(filename=str(tmp_path / "ray_style"), format="svg", channel_details=True)
+    written = compiled.visualize(filename=str(tmp_path / "ray_style"), format="svg", channel_details=True).path
     assert written.stem == "ray_style" and written.exists()
     text = compiled.visualize(format="ascii")
-    assert isinstance(text, str) and "RECV" in text and "SEND" in text
+    assert isinstance(text, str) and "RECV" in text and "SEND" in text and text.path is None
     assert list(tmp_path.iterdir()) == [written], "ascii writes nothing"
+    with pytest.raises(ValueError, match="Parameters 'channel_details' are not compatible with 'ascii' format"):
+        compiled.visualize(format="ascii", channel_details=True)
+
+
+def test_visualize_ascii_with_view_writes_the_grid_to_stdout(capsys):
+    compiled = cgraph.plan(build_seed_dag())
+    text = compiled.visualize(format="ascii", view=True)
+    assert capsys.readouterr().out == text + "\n"
 
 
 # --------------------------------------------------------------------------- logging

@@ -6,6 +6,9 @@ checked through ``cgraph.compile`` in ``test_compile_plan.py``.
 
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
 import ray
 from ray.dag.class_node import _UnboundClassMethodNode
@@ -81,6 +84,32 @@ def test_node_nested_in_a_dict_keyword():
     message = error_of(dag, NestedNodeError)
     assert "nested inside keyword argument 'table'" in message
     assert "at:  Worker.h(inp, table=dict(...nodes...))" in message
+
+
+RAY_NESTED = (r"Found (\d+) DAGNodes from the arg .*? in .*?\.\s*Please ensure that the argument is a "
+              r"single DAGNode and that a DAGNode is not allowed to be placed inside any type of "
+              r"container\.")
+"""Ray's sentence for a node inside a container argument (users' tests match it)."""
+
+
+class Holder:
+    def __init__(self, value):
+        self.value = value
+
+
+@pytest.mark.parametrize("wrap, count", [
+    (lambda x, y: [x], 1), (lambda x, y: (x,), 1), (lambda x, y: {"k": x}, 1),
+    (lambda x, y: Holder(x), 1), (lambda x, y: [x, {"deep": (y, 3)}], 2),
+])
+def test_a_node_inside_any_container_or_object_gives_rays_sentence(wrap, count):
+    a = Worker.bind()
+    with InputNode() as inp:
+        dag = a.h.bind(wrap(a.forward.bind(inp), a.backward.bind(inp)))
+    message = error_of(dag, NestedNodeError)
+    found = re.search(RAY_NESTED, message, re.DOTALL)
+    assert found is not None, message
+    assert int(found.group(1)) == count
+    assert "is nested inside argument 0 of Worker.h(" in message
 
 
 def test_multi_output_node_with_a_nested_list_or_a_constant():
@@ -202,6 +231,11 @@ def test_nodes_from_two_input_nodes():
     assert "one `with InputNode() as inp:` block" in message
 
 
+RAY_LEAVES = ("Compiled DAG doesn't support leaf nodes, i.e., nodes that don't have downstream "
+              "nodes and are not output nodes. There are {n} leaf nodes in the DAG. Please add "
+              "the outputs of {names} to the MultiOutputNode.")
+
+
 def test_call_that_reaches_no_output():
     a, b, c = Worker.bind(), Worker.bind(), Worker.bind()
     with InputNode() as inp:
@@ -209,8 +243,46 @@ def test_call_that_reaches_no_output():
         b.backward.bind(x)  # bound, then forgotten
         dag = c.forward.bind(x)
     message = error_of(dag, DAGValidationError)
+    assert message.startswith(RAY_LEAVES.format(n=1, names="['backward']"))
     assert "Worker.backward(Worker.forward(...)) reads from the DAG but its result reaches no output" in message
     assert "add it to the MultiOutputNode" in message
+
+
+def test_every_leaf_is_counted_and_named_as_ray_counts_them():
+    a = Worker.bind()
+    with InputNode() as inp:
+        x = a.forward.bind(inp)
+        a.backward.bind(x)  # a leaf
+        a.h.bind(inp)  # another
+        y = a.forward.bind(x)
+        a.backward.bind(y)  # a third, reading a node that is read elsewhere too
+        dag = MultiOutputNode([a.forward.bind(y)])
+    message = error_of(dag, DAGValidationError)
+    prefix, _, suffix = RAY_LEAVES.format(n=3, names="\0").partition("\0")
+    assert message.startswith(prefix), message
+    names = message[len(prefix):message.index(suffix)]
+    assert sorted(ast.literal_eval(names)) == ["backward", "backward", "h"]
+    assert "(and 2 more)" in message
+
+
+def test_a_leaf_downstream_of_another_counts_once():
+    a = Worker.bind()
+    with InputNode() as inp:
+        x = a.forward.bind(inp)
+        a.backward.bind(a.h.bind(x))  # h is read by backward: only backward is a leaf
+        dag = a.forward.bind(x)
+    assert error_of(dag, DAGValidationError).startswith(RAY_LEAVES.format(n=1, names="['backward']"))
+
+
+def test_the_whole_input_and_its_items_are_not_read_together():
+    a, b = Worker.bind(), Worker.bind()
+    with InputNode() as inp:
+        dag = MultiOutputNode([a.forward.bind(inp[0]), b.h.bind(inp)])
+    message = error_of(dag, DAGValidationError)
+    assert message.startswith("All tasks must either use InputNode() directly, or they must index to "
+                              "specific args or kwargs.")
+    assert "at:  n2 = a.h(n0)\n       n3 = b.forward(n1)" in message
+    assert "pass inp[0] where you passed inp" in message
 
 
 def test_nccl_on_the_input_edge():

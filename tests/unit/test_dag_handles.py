@@ -20,6 +20,7 @@ from ray.actor import ActorHandle
 
 from cgraph import InputNode, MultiOutputNode
 from cgraph.dag import read_dag
+from cgraph.errors import DAGValidationError
 from cgraph.ir import format_graph
 
 
@@ -83,7 +84,7 @@ def test_num_returns_outputs_become_item_nodes():
     with InputNode() as inp:
         x, y = a.split.bind(inp)
         p, q, r = a.f.options(num_returns=3).bind(x)
-        dag = MultiOutputNode([b.g.bind(y), p, r])
+        dag = MultiOutputNode([b.g.bind(y), p, q, r])
     graph = read_dag(dag).graph
     assert format_graph(graph) == ir("""
         actor a = Worker(gpus=0)
@@ -95,10 +96,26 @@ def test_num_returns_outputs_become_item_nodes():
         n4 = b.g(n3)
         n5 = a.f(n2) returns=3
         n6 = n5[0]
-        n7 = n5[2]
-        return [n4, n6, n7]
+        n7 = n5[1]
+        n8 = n5[2]
+        return [n4, n6, n7, n8]
     """)
     assert graph.node("n2").actor == "a"  # an item lives where its call ran
+
+
+def test_a_return_value_nothing_reads_is_a_leaf_node_as_in_ray():
+    a, b = offline_handle(Worker), offline_handle(Worker)
+    with InputNode() as inp:
+        x, y = a.split.bind(inp)
+        p, _q, r = a.f.options(num_returns=3).bind(x)
+        dag = MultiOutputNode([b.g.bind(y), p, r])
+    with pytest.raises(DAGValidationError) as info:
+        read_dag(dag)
+    message = str(info.value)
+    assert message.startswith("Compiled DAG doesn't support leaf nodes, i.e., nodes that don't have "
+                              "downstream nodes and are not output nodes. There are 1 leaf nodes "
+                              "in the DAG. Please add the outputs of ['f[1]'] to the MultiOutputNode.")
+    assert "at:  Worker.f(Worker.split(inp)[0])[1]" in message
 
 
 def test_an_item_can_carry_its_own_transport():

@@ -25,6 +25,7 @@ RAY_DEFAULTS = {  # Ray 2.60's DAGContext with no RAY_CGRAPH_* variables set
     "max_inflight_executions": 10,
     "max_buffered_results": 1000,
     "overlap_gpu_communication": False,
+    "teardown_timeout": 30.0,
 }
 
 
@@ -112,6 +113,7 @@ def test_rays_keyword_names_map_to_cgraph_options(calls):
         "max_buffered_results": 7,
         "overlap_gpu_communication": False,
         "default_communicator": comm,
+        "teardown_timeout": 30.0,
     }
 
 
@@ -128,20 +130,22 @@ def dag_context():
     from ray.dag.context import DAGContext
 
     ctx = DAGContext.get_current()
-    saved = (ctx.get_timeout, ctx.max_inflight_executions, ctx.buffer_size_bytes)
+    saved = (ctx.get_timeout, ctx.max_inflight_executions, ctx.buffer_size_bytes, ctx.teardown_timeout)
     yield ctx
-    ctx.get_timeout, ctx.max_inflight_executions, ctx.buffer_size_bytes = saved
+    ctx.get_timeout, ctx.max_inflight_executions, ctx.buffer_size_bytes, ctx.teardown_timeout = saved
 
 
 def test_dag_context_settings_the_user_changed_are_honoured(calls, dag_context):
     dag_context.get_timeout = 3
     dag_context.max_inflight_executions = 2
     dag_context.buffer_size_bytes = 4096
+    dag_context.teardown_timeout = 7
     with InputNode() as inp:
         dag = Worker.bind().f.bind(inp)
     dag.experimental_compile(_max_inflight_executions=5)  # an argument beats the context
     got = calls[0][2]
     assert (got["get_timeout"], got["max_inflight_executions"], got["buffer_size_bytes"]) == (3, 5, 4096)
+    assert got["teardown_timeout"] == 7
     assert ray_context_options()["max_inflight_executions"] == 2
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "cgraph"
 
 LAYERS = {
-    "errors": 0, "_log": 0, "_spans": 0,
+    "errors": 0, "_log": 0, "_spans": 0, "_threads": 0,
     "ir": 1, "channels": 1,
     "scheduler": 2, "dag": 2, "comm": 2,
     "runtime": 3, "visualize": 3, "collective": 3,
