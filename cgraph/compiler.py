@@ -14,9 +14,9 @@ switches, read here and nowhere deeper:
 
 - ``CGRAPH_DEBUG=1``: the scheduler dumps its text form after each pass to the
   "cgraph" logger.
-- ``CGRAPH_VISUALIZE_SCHEDULE=1``: compile writes the schedule picture (ops
-  moved by the overlap pass in red) into ``$CGRAPH_VISUALIZE_DIR`` (default
-  ``./cgraph-schedules``) and logs the file name.
+- ``CGRAPH_VISUALIZE_SCHEDULE=1`` (or Ray's ``RAY_CGRAPH_VISUALIZE_SCHEDULE=1``):
+  compile writes the schedule picture (ops moved by the overlap pass in red) into
+  ``$CGRAPH_VISUALIZE_DIR`` (default ``./cgraph-schedules``) and logs the file name.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from cgraph.scheduler import Planned
 
 DEBUG_ENV = "CGRAPH_DEBUG"
 VISUALIZE_ENV = "CGRAPH_VISUALIZE_SCHEDULE"
+RAY_VISUALIZE_ENV = "RAY_CGRAPH_VISUALIZE_SCHEDULE"  # Ray's name for the same switch
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ def _plan(dag: Any, options: CompileOptions, locate: Any) -> CompiledPlan:
         locate=locate,
     )
     compiled = CompiledPlan(front, planned, options)
-    if os.environ.get(VISUALIZE_ENV, "") not in ("", "0"):
+    if os.environ.get(VISUALIZE_ENV, "") not in ("", "0") or os.environ.get(RAY_VISUALIZE_ENV) == "1":
         compiled.visualize()  # logs the file it wrote
     return compiled
 

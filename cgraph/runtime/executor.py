@@ -37,7 +37,14 @@ from cgraph.runtime.program import (
     ActorProgram,
     ComputeSpec,
 )
-from cgraph.runtime.recording import NO_BUFFER, Recorder, nbytes, ray_task_events, register
+from cgraph.runtime.recording import (
+    NO_BUFFER,
+    Recorder,
+    nbytes,
+    ray_task_events,
+    register,
+    torch_profiling,
+)
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -443,15 +450,16 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
     ctx = Context(instance, program)
     steps = [HANDLERS[op.kind](op, ctx) for op in program.ops]
     try:
-        if program.timeline is not None:  # a loop of its own: unrecorded loops run the bare steps
-            run_one = _recorded_execution(ctx, steps)
+        with torch_profiling(program.torch_profiles):  # Ray's switch; a no-op otherwise
+            if program.timeline is not None:  # a loop of its own: unrecorded loops run the bare steps
+                run_one = _recorded_execution(ctx, steps)
+                while True:
+                    run_one()
+                    ctx.end_execution()
             while True:
-                run_one()
+                for step in steps:
+                    step()
                 ctx.end_execution()
-        while True:
-            for step in steps:
-                step()
-            ctx.end_execution()
     except ChannelLostError as exc:  # a peer went away: say which, the monitor reports it
         return str(exc)
     except ChannelClosedError:

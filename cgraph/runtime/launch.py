@@ -41,7 +41,7 @@ from cgraph.runtime.monitor import LoopMonitor
 from cgraph.runtime.node_channels import NodeWatch, RemoteSegments, make_remote
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
-from cgraph.runtime.timeline import ray_profiling, records
+from cgraph.runtime.timeline import ray_profiling, records, torch_profiles
 from cgraph.scheduler.ops import OpKind
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
             programs[a] = replace(program, comm=comm.program_of(a), node_watch=watch,
                                   cpu_affinity=cpus if a in local else None,
                                   timeline=options.timeline_executions if records(options) else None,
-                                  ray_events=ray_profiling())
+                                  ray_events=ray_profiling(), torch_profiles=torch_profiles())
         endpoints = _driver_endpoints(planned, resources)
     except Exception:
         for res in resources.values():

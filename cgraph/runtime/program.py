@@ -57,6 +57,7 @@ class ActorProgram:
     cpu_affinity: Any = None  # CPUs to pin the loop thread to (runtime/affinity.py), or None
     timeline: int | None = None  # record op events, keeping this many executions (recording.py)
     ray_events: bool = False  # also append Ray's task events to the actor (RAY_CGRAPH_ENABLE_PROFILING)
+    torch_profiles: str | None = None  # run the loop under torch's profiler, traces here (Ray's switch)
 
 
 def _arg_spec(arg: Ref | Const, graph: Graph) -> ArgSpec:

@@ -29,6 +29,7 @@ half the round trip (said in the trace's metadata).
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 import types
@@ -222,4 +223,19 @@ def ray_task_events(instance: object, steps: list[tuple[str, str] | None]) -> Ca
                     start_t=stamps[start] / 1e9, end_t=stamps[stop] / 1e9, **who))
 
     return record
+
+
+def torch_profiling(directory: str | None) -> contextlib.AbstractContextManager[Any]:
+    """Ray's ``RAY_CGRAPH_ENABLE_TORCH_PROFILING``: the actor's loop runs under torch's
+    profiler (CPU, and CUDA where there is a GPU), which writes one trace file for this actor
+    into ``directory`` when the loop ends (teardown). None: nothing is wrapped."""
+    if directory is None:
+        return contextlib.nullcontext()
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities, with_stack=True,
+                                  on_trace_ready=torch.profiler.tensorboard_trace_handler(directory))
 

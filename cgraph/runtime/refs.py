@@ -73,13 +73,14 @@ class CompiledRef(CompiledDAGRef):
     __repr__ = __str__
 
     def __copy__(self) -> CompiledRef:
-        raise ValueError("a CompiledRef cannot be copied")
+        raise ValueError("CompiledDAGRef cannot be copied.")
 
     def __deepcopy__(self, memo: Any) -> CompiledRef:
-        raise ValueError("a CompiledRef cannot be deep-copied")
+        raise ValueError("CompiledDAGRef cannot be deep copied.")
 
     def __reduce__(self) -> Any:
-        raise ValueError("a CompiledRef cannot be pickled or passed to another task")
+        raise ValueError("CompiledDAGRef cannot be pickled. (cgraph: nor passed to another task or "
+                         "actor; read it with get() in the process that executed the graph.)")
 
     def _drop(self) -> None:
         """Give up this result unread (its slot is freed as if the ref were deleted)."""

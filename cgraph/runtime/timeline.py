@@ -33,6 +33,21 @@ def records(options: CompileOptions) -> bool:
     return bool(os.environ.get(TIMELINE_ENV)) or ray_profiling()
 
 
+TORCH_PROFILES_DIR = "compiled_graph_torch_profiles"
+"""Where Ray's ``RAY_CGRAPH_ENABLE_TORCH_PROFILING`` puts each actor's torch trace (in the
+driver's working directory, as Ray's documentation says)."""
+
+
+def torch_profiles() -> str | None:
+    """The directory for each actor's torch profiler trace when Ray's
+    ``RAY_CGRAPH_ENABLE_TORCH_PROFILING`` switch is on (``recording.torch_profiling``), else None."""
+    from ray.dag import constants
+
+    if not getattr(constants, "RAY_CGRAPH_ENABLE_TORCH_PROFILING", False):
+        return None
+    return os.path.abspath(TORCH_PROFILES_DIR)
+
+
 def ray_profiling() -> bool:
     """Ray's ``RAY_CGRAPH_ENABLE_PROFILING`` switch, read as Ray's compile reads it (the
     constant in ``ray.dag.constants``, set from the environment when Ray loads): each actor

@@ -10,7 +10,10 @@ cgraph was first pinned here as an ``xfail(strict=True)`` test; all are closed.
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
+import json
+import pickle
 import threading
 import time
 
@@ -618,6 +621,10 @@ def test_refs_and_futures_print_and_refuse_as_rays(make):
         ref = compiled.execute(1)
         assert isinstance(ref, CompiledDAGRef)
         assert str(ref) == f"CompiledDAGRef({compiled.get_id()}, execution_index=0, channel_index=None)"
+        for refuse, sentence in ((copy.copy, "copied"), (copy.deepcopy, "deep copied"),
+                                 (pickle.dumps, "pickled")):
+            with pytest.raises(ValueError, match=f"^CompiledDAGRef cannot be {sentence}"):
+                refuse(ref)
         assert ray.get(ref) == 2
         with pytest.raises(ValueError, match=r"^ray.get\(\) can only be called once on a CompiledDAGRef, "
                                              "and it was already called"):
@@ -755,3 +762,19 @@ def test_futures_dropped_unawaited_inside_asyncio_release_their_results(make):
         assert asyncio.run(main()) == list(range(6))
         assert _nothing_kept(compiled)
         assert ray.get(compiled.execute(7)) == [7, 7]
+
+
+def test_rays_torch_profiling_switch_writes_one_trace_per_actor(make, monkeypatch, tmp_path):
+    """RAY_CGRAPH_ENABLE_TORCH_PROFILING: each actor's loop runs under torch's profiler and
+    writes its trace into compiled_graph_torch_profiles in the driver's working directory."""
+    monkeypatch.setattr(ray.dag.constants, "RAY_CGRAPH_ENABLE_TORCH_PROFILING", True)
+    monkeypatch.chdir(tmp_path)
+    a, b = make(Worker, 2)
+    with InputNode() as inp:
+        dag = b.mul.bind(a.inc.bind(inp))
+    with _compile(dag) as compiled:
+        assert [ray.get(compiled.execute(i)) for i in range(3)] == [2, 4, 6]
+    traces = sorted((tmp_path / "compiled_graph_torch_profiles").glob("*.json"))
+    assert len(traces) == 2, traces
+    for trace in traces:
+        assert "traceEvents" in json.loads(trace.read_text())

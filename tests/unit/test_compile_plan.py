@@ -180,8 +180,9 @@ def test_no_debug_output_by_default(caplog):
     assert not [r for r in caplog.records if r.getMessage().startswith("after ")]
 
 
-def test_visualize_switch_writes_the_schedule_picture(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("CGRAPH_VISUALIZE_SCHEDULE", "1")
+@pytest.mark.parametrize("switch", ["CGRAPH_VISUALIZE_SCHEDULE", "RAY_CGRAPH_VISUALIZE_SCHEDULE"])
+def test_visualize_switch_writes_the_schedule_picture(monkeypatch, tmp_path, caplog, switch):
+    monkeypatch.setenv(switch, "1")  # cgraph's name, or Ray's
     monkeypatch.setenv("CGRAPH_VISUALIZE_DIR", str(tmp_path))
     caplog.set_level(logging.INFO)
     cgraph.plan(build_seed_dag(), overlap_gpu_communication=True)
