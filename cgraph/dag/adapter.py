@@ -54,6 +54,7 @@ from cgraph.dag import adapter_collective, validate
 from cgraph.dag.adapter_collective import COLLECTIVE_NODES
 from cgraph.dag.adapter_order import order_nodes
 from cgraph.dag.collective_node import CollectiveNode, CollectiveOutput
+from cgraph.dag.describe import contains, describe, holds_node, short
 from cgraph.dag.nodes import CommunicatorTable, to_tensor_hint
 from cgraph.ir import Actor, ActorId, Arg, Const, Graph, Node, NodeKind, Ref
 
@@ -107,12 +108,12 @@ def read_dag(root: Any, *, communicators: CommunicatorTable | None = None) -> Fr
 
 def _outputs(root: Any) -> tuple[list[DAGNode], bool]:
     if not isinstance(root, DAGNode):
-        raise validate.not_a_dag(_short(root))
+        raise validate.not_a_dag(short(root))
     if not isinstance(root, RayMultiOutputNode):
         return [root], False
     for i, value in enumerate(root.get_args()):
         if not isinstance(value, DAGNode):
-            what = "a container of nodes" if _holds_node(value) else f"the constant {_short(value)}"
+            what = "a container of nodes" if holds_node(value) else f"the constant {short(value)}"
             raise validate.bad_output(what, i, describe(root))
     return list(root.get_args()), True
 
@@ -159,7 +160,7 @@ def _check_not_nested(call: ClassMethodNode) -> None:
         found = _nodes_inside(value)
         if found:
             raise validate.nested_node(describe(found[0], 0), slot, describe(call, 0), describe(call),
-                                       count=len(found), arg=_short(value, 60))
+                                       count=len(found), arg=short(value, 60))
 
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
@@ -178,18 +179,6 @@ def _nodes_inside(value: Any) -> list[DAGNode]:
         return list(scanner.find_nodes([value]))
     finally:
         scanner.clear()
-
-
-def _holds_node(value: Any) -> bool:
-    """A DAG node sits somewhere inside the container ``value``."""
-    return not isinstance(value, DAGNode) and _contains(value, lambda v: isinstance(v, DAGNode))
-
-
-def _contains(value: Any, match: Any) -> bool:
-    if match(value):
-        return True
-    items = (*value.keys(), *value.values()) if isinstance(value, dict) else value
-    return isinstance(value, (dict, list, tuple, set, frozenset)) and any(_contains(v, match) for v in items)
 
 
 def _check_leaf_nodes(nodes: list[DAGNode], outputs: list[DAGNode]) -> None:
@@ -241,7 +230,7 @@ def _only_next(call: DAGNode, node: DAGNode) -> bool:
     """``call`` follows ``node`` on a ClassNode actor without reading its value."""
     if getattr(call, "_prev_class_method_call", None) is not node:
         return False
-    return not _contains([*call.get_args(), *call.get_kwargs().values()], lambda v: v is node)
+    return not contains([*call.get_args(), *call.get_kwargs().values()], lambda v: v is node)
 
 
 # --------------------------------------------------------------------------- building
@@ -369,47 +358,6 @@ def _handle_gpus(handle: Any, name: str, wait_s: float = 10.0) -> float:
             how = f"the GCS actor table is unreadable: {e}"
     logger.debug("actor %s: gpus=%g (%s)", name, gpus, how)
     return gpus
-
-
-# --------------------------------------------------------------------------- text
-def describe(node: Any, depth: int = 1) -> str:
-    """A short Ray-side text of a node (argument nodes ``depth`` levels deep), for errors."""
-    if isinstance(node, RayInputNode):
-        return "inp"
-    if isinstance(node, InputAttributeNode):
-        key = node.key
-        return f"inp.{key}" if isinstance(key, str) and key.isidentifier() else f"inp[{key!r}]"
-    if isinstance(node, ClassMethodNode) and node.is_class_method_output:
-        return f"{describe(node.class_method_call, depth)}[{node.output_idx}]"
-    if isinstance(node, COLLECTIVE_NODES):
-        return adapter_collective.describe_collective(node, depth, describe)
-    if isinstance(node, ClassMethodNode):
-        parent: Any = node._parent_class_node
-        cls = (parent._body.__name__ if isinstance(parent, ClassNode)
-               else parent._ray_actor_creation_function_descriptor.class_name)
-        name = f"{cls}.{node.get_method_name()}"
-    elif isinstance(node, (FunctionNode, ClassNode)):
-        name = getattr(node._body, "__name__", "function") + (".bind" if isinstance(node, ClassNode) else "")
-    elif isinstance(node, RayMultiOutputNode):
-        name = "MultiOutputNode"
-    else:
-        return type(node).__name__
-    if depth < 0:
-        return f"{name}(...)"
-    args = [_arg_text(a, depth) for a in node.get_args()]
-    text = ", ".join(args + [f"{k}={_arg_text(v, depth)}" for k, v in node.get_kwargs().items()])
-    return f"{name}([{text}])" if isinstance(node, RayMultiOutputNode) else f"{name}({text})"
-
-
-def _arg_text(value: Any, depth: int) -> str:
-    if isinstance(value, DAGNode):
-        return describe(value, depth - 1)
-    return f"{type(value).__name__}(...nodes...)" if _holds_node(value) else _short(value)
-
-
-def _short(value: Any, limit: int = 30) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def uses_cgraph_input(root: Any) -> bool:

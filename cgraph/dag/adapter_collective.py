@@ -33,6 +33,7 @@ from cgraph.dag.collective_node import (
     CollectiveNode,
     CollectiveOutput,
 )
+from cgraph.dag.describe import describe, short
 from cgraph.dag.validate import error_message
 from cgraph.errors import DAGValidationError
 from cgraph.ir import Arg, Node, NodeKind, TensorHint
@@ -96,16 +97,14 @@ def _stamp(parent: Any) -> int | None:
 
 
 def _check_members(method: str, nodes: Any) -> list[Any]:
-    from cgraph.dag.adapter import describe
-
     if not isinstance(nodes, (list, tuple)) or not nodes:
-        got = "an empty list" if isinstance(nodes, (list, tuple)) else f"{type(nodes).__name__} {_short(nodes)}"
+        got = "an empty list" if isinstance(nodes, (list, tuple)) else f"{type(nodes).__name__} {short(nodes)}"
         raise DAGValidationError(error_message(
-            f"{method}.bind got {got}", f"{method}.bind({_short(nodes)})",
+            f"{method}.bind got {got}", f"{method}.bind({short(nodes)})",
             "a collective takes a list of DAG nodes, one tensor per member actor",
             f"pass the members' nodes: {method}.bind([a.f.bind(inp), b.f.bind(inp)])",
         ))
-    where = f"{method}.bind([{', '.join(describe(n, 0) if isinstance(n, DAGNode) else _short(n) for n in nodes)}])"
+    where = f"{method}.bind([{', '.join(describe(n, 0) if isinstance(n, DAGNode) else short(n) for n in nodes)}])"
     parents: list[Any] = []
     seen: dict[Any, int] = {}
     for i, node in enumerate(nodes):
@@ -125,19 +124,12 @@ def _check_members(method: str, nodes: Any) -> list[Any]:
 
 
 def _not_an_actor_result(method: str, i: int, node: Any, where: str) -> DAGValidationError:
-    from cgraph.dag.adapter import describe
-
-    what = describe(node, 0) if isinstance(node, DAGNode) else f"the constant {_short(node)}"
+    what = describe(node, 0) if isinstance(node, DAGNode) else f"the constant {short(node)}"
     why = "a collective runs on the actors holding its inputs, so each input is an actor method's result"
     fix = f"pass actor.method.bind(...) results, one per actor (compute {what} in an actor method first)"
     if isinstance(node, RayCollectiveOutputNode):
         why, fix = "Ray's collective nodes are not read by cgraph", "use cgraph.collective's collectives throughout"
     return DAGValidationError(error_message(f"{method}.bind: member {i} is {what}", where, why, fix))
-
-
-def _short(value: Any, limit: int = 30) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------- reading
@@ -167,13 +159,3 @@ def to_ir(
     return Node(nid, NodeKind.COLLECTIVE, method=node.method, args=args, kwargs=kwargs, hint=hint)
 
 
-def describe_collective(node: DAGNode, depth: int, describe: Callable[[Any, int], str]) -> str:
-    """``allreduce(Worker.f(inp), Worker.f(inp), op='sum')[0]``: a collective node, for errors."""
-    if isinstance(node, CollectiveOutput):
-        return f"{describe_collective(node.collective, depth, describe)}[{node.index}]"
-    assert isinstance(node, CollectiveNode), node
-    if depth < 0:
-        return f"{node.method}(...)"
-    parts = [describe(v, depth - 1) for v in node.get_args()]
-    parts += [f"{k}={v!r}" for k, v in node.options.items()]
-    return f"{node.method}({', '.join(parts)})"

@@ -12,8 +12,10 @@ from cgraph.ir.graph import (
     NodeKind,
     Ref,
     TensorHint,
+    format_graph,
+    format_node,
 )
-from cgraph.ir.text import format_graph, format_node, parse_graph
+from cgraph.ir.text import parse_graph
 
 __all__ = [
     "DRIVER",

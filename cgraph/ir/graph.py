@@ -25,6 +25,7 @@ its methods in the order they were bound, as Ray does.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -137,8 +138,6 @@ class Node:
         return tuple(seen)
 
     def __str__(self) -> str:
-        from cgraph.ir.text import format_node
-
         return format_node(self)
 
 
@@ -207,6 +206,43 @@ class Graph:
         return iter(self.nodes)
 
     def __str__(self) -> str:
-        from cgraph.ir.text import format_graph
-
         return format_graph(self)
+
+
+# --------------------------------------------------------------------------- text form
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _format_key(key: int | str) -> str:
+    if isinstance(key, str) and _IDENT.match(key):
+        return f".{key}"
+    return f"[{key!r}]"
+
+
+def format_node(node: Node, position: int | None = None) -> str:
+    """One node as a line of text (``n3 = a.f(n1, $0)``)."""
+    if node.kind is NodeKind.INPUT:
+        rhs = "input"
+    elif node.kind in (NodeKind.INPUT_ATTR, NodeKind.ITEM):
+        assert node.key is not None
+        rhs = f"{node.args[0]}{_format_key(node.key)}"
+    else:
+        parts = [str(a) for a in node.args] + [f"{k}={v}" for k, v in node.kwargs]
+        callee = f"{node.actor}.{node.method}" if node.kind is NodeKind.CALL else f"{node.method}"
+        rhs = f"{callee}({', '.join(parts)})"
+        if node.num_returns != 1:
+            rhs += f" returns={node.num_returns}"
+        if node.order >= 0 and node.order != position:
+            rhs += f" order={node.order}"
+    if node.hint is not None:
+        rhs += f" :{node.hint}"
+    return f"{node.id} = {rhs}"
+
+
+def format_graph(graph: Graph) -> str:
+    """The whole graph, one line per actor and node, then the ``return`` line."""
+    lines = [str(a) for a in graph.actors]
+    lines += [format_node(n, i) for i, n in enumerate(graph.nodes)]
+    outs = ", ".join(graph.outputs)
+    lines.append(f"return [{outs}]" if graph.multi_output else f"return {outs}")
+    return "\n".join(lines)

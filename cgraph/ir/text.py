@@ -1,4 +1,4 @@
-"""Text form of the Graph IR: ``format_graph`` prints, ``parse_graph`` inverts.
+"""Text form of the Graph IR: ``str(graph)`` (``graph.format_graph``) prints, ``parse_graph`` inverts.
 
     actor a = Worker(gpus=1)
     actor b = Worker(gpus=1)
@@ -22,49 +22,13 @@ import ast
 import re
 
 from cgraph.errors import GraphSyntaxError
-from cgraph.ir.graph import Actor, Arg, Const, Graph, Node, NodeKind, Ref, TensorHint
+from cgraph.ir.graph import _IDENT, Actor, Arg, Const, Graph, Node, NodeKind, Ref, TensorHint
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ACTOR = re.compile(r"actor\s+(\w+)\s*=\s*([\w.]+)\s*\((.*)\)\s*\Z")
 _ASSIGN = re.compile(r"(\w+)\s*=\s*(.+)\Z")
 _ATTR = re.compile(r"(\w+)\s*(?:\.(\w+)|\[(.+)\])\Z")
 _CALL = re.compile(r"(?:(\w+)\.)?(\w+)\((.*)\)\Z")
 _SUFFIX = re.compile(r"\s+(returns=\d+|order=\d+|:[\w:.\-]+(?:\[[^\]]*\])?)\s*\Z")
-
-
-def _format_key(key: int | str) -> str:
-    if isinstance(key, str) and _IDENT.match(key):
-        return f".{key}"
-    return f"[{key!r}]"
-
-
-def format_node(node: Node, position: int | None = None) -> str:
-    """One node as a line of text (``n3 = a.f(n1, $0)``)."""
-    if node.kind is NodeKind.INPUT:
-        rhs = "input"
-    elif node.kind in (NodeKind.INPUT_ATTR, NodeKind.ITEM):
-        assert node.key is not None
-        rhs = f"{node.args[0]}{_format_key(node.key)}"
-    else:
-        parts = [str(a) for a in node.args] + [f"{k}={v}" for k, v in node.kwargs]
-        callee = f"{node.actor}.{node.method}" if node.kind is NodeKind.CALL else f"{node.method}"
-        rhs = f"{callee}({', '.join(parts)})"
-        if node.num_returns != 1:
-            rhs += f" returns={node.num_returns}"
-        if node.order >= 0 and node.order != position:
-            rhs += f" order={node.order}"
-    if node.hint is not None:
-        rhs += f" :{node.hint}"
-    return f"{node.id} = {rhs}"
-
-
-def format_graph(graph: Graph) -> str:
-    """The whole graph, one line per actor and node, then the ``return`` line."""
-    lines = [str(a) for a in graph.actors]
-    lines += [format_node(n, i) for i, n in enumerate(graph.nodes)]
-    outs = ", ".join(graph.outputs)
-    lines.append(f"return [{outs}]" if graph.multi_output else f"return {outs}")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- parsing

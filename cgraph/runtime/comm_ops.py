@@ -60,6 +60,23 @@ from cgraph.runtime.recording import At, nbytes
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
+class Pending:
+    """A value still in flight on the communication stream/thread.
+
+    Handlers of overlapped communicator ops store one in ``ctx.values``; the
+    first COMPUTE (or WRITE/SEND) that needs the value waits on it there and
+    replaces it with the result, so compute only waits when it must.
+    """
+
+    __slots__ = ("_wait",)
+
+    def __init__(self, wait: Callable[[], Any]) -> None:
+        self._wait = wait
+
+    def result(self) -> Any:
+        return self._wait()
+
+
 class CommState:
     """One actor loop's communicators, channel ends and comm thread."""
 
@@ -97,8 +114,6 @@ class CommState:
     def run(self, op: Op, comm: Any, body: Body) -> Any:
         """Run ``body`` for ``op``: inline without a comm thread; with one, on it (a
         ``Pending`` for an op of the comm stream, else its value, waited for)."""
-        from cgraph.runtime.executor import Pending
-
         engine = self.engines[id(comm)]
         recorder = self.ctx.recorder
         if recorder is not None and op.stream is Stream.COMM:  # timed on the thread that runs it

@@ -27,7 +27,7 @@ from cgraph.channels.shm_channel import ShmWriter
 from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError
 from cgraph.runtime import coverage_hook
 from cgraph.runtime.affinity import pin_thread
-from cgraph.runtime.comm_ops import comm_state, handle_collective, handle_recv, handle_send
+from cgraph.runtime.comm_ops import Pending, comm_state, handle_collective, handle_recv, handle_send
 from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.node_channels import watch_node
@@ -46,23 +46,6 @@ from cgraph.runtime.recording import (
     torch_profiling,
 )
 from cgraph.scheduler.ops import Op, OpKind, Stream
-
-
-class Pending:
-    """A value still in flight on the communication stream/thread.
-
-    Handlers of overlapped communicator ops store one in ``ctx.values``; the
-    first COMPUTE (or WRITE/SEND) that needs the value waits on it there and
-    replaces it with the result, so compute only waits when it must.
-    """
-
-    __slots__ = ("_wait",)
-
-    def __init__(self, wait: Callable[[], Any]) -> None:
-        self._wait = wait
-
-    def result(self) -> Any:
-        return self._wait()
 
 
 class Context:

@@ -9,21 +9,57 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ray.experimental.compiled_dag_ref import CompiledDAGFuture, CompiledDAGRef
 
 from cgraph.errors import CapacityError, RefConsumedError, TimeoutError
 
-if TYPE_CHECKING:
-    from cgraph.runtime.compiled_graph import CompiledGraph
+
+class Results(Protocol):
+    """What a ref reads its result from: the compiled graph (``CompiledGraph``)."""
+
+    def get_id(self) -> str: ...
+
+    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any: ...
+
+    def _discard_result(self, index: int, output: int | None = None) -> None: ...
 
 
-class CompiledRef(CompiledDAGRef):
+class _RayText:
+    """Ray's text for a compiled ref or future (``CompiledDAGRef(<graph id>,
+    execution_index=i, channel_index=k)``: ``k`` the output of a MultiOutputNode, None for
+    a graph's whole result) and Ray's refusals to copy or pickle one."""
+
+    _ray_name = ""
+
+    def _fields(self) -> tuple[Any, int, int | None]:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        graph, index, output = self._fields()
+        return f"{self._ray_name}({graph.get_id()}, execution_index={index}, channel_index={output})"
+
+    __repr__ = __str__
+
+    def __copy__(self) -> Any:
+        raise ValueError(f"{self._ray_name} cannot be copied.")
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise ValueError(f"{self._ray_name} cannot be deep copied.")
+
+    def __reduce__(self) -> Any:
+        raise ValueError(f"{self._ray_name} cannot be pickled. (cgraph: nor passed to another task "
+                         "or actor; read it in the process that executed the graph.)")
+
+
+class CompiledRef(_RayText, CompiledDAGRef):
     """The result of one execution. ``get()`` may be called once."""
 
+    _ray_name = "CompiledDAGRef"
+
     def __init__(  # noqa: D107
-        self, graph: CompiledGraph, execution_index: int, output: int | None = None
+        self, graph: Results, execution_index: int, output: int | None = None
     ) -> None:
         # Ray's __init__ expects its own CompiledDAG; set the fields we use directly.
         self._graph = graph
@@ -64,23 +100,8 @@ class CompiledRef(CompiledDAGRef):
         self._consumed = True
         return value
 
-    def __str__(self) -> str:
-        """Ray's text: ``CompiledDAGRef(<graph id>, execution_index=i, channel_index=k)``
-        (``k`` the output of a MultiOutputNode, None for a graph's whole result)."""
-        return (f"CompiledDAGRef({self._graph.get_id()}, execution_index={self._execution_index}, "
-                f"channel_index={self._output})")
-
-    __repr__ = __str__
-
-    def __copy__(self) -> CompiledRef:
-        raise ValueError("CompiledDAGRef cannot be copied.")
-
-    def __deepcopy__(self, memo: Any) -> CompiledRef:
-        raise ValueError("CompiledDAGRef cannot be deep copied.")
-
-    def __reduce__(self) -> Any:
-        raise ValueError("CompiledDAGRef cannot be pickled. (cgraph: nor passed to another task or "
-                         "actor; read it with get() in the process that executed the graph.)")
+    def _fields(self) -> tuple[Any, int, int | None]:
+        return self._graph, self._execution_index, self._output
 
     def _drop(self) -> None:
         """Give up this result unread (its slot is freed as if the ref were deleted)."""
@@ -121,32 +142,21 @@ class CompiledRefList(list):  # type: ignore[type-arg]
         return values
 
 
-class CompiledFuture(CompiledDAGFuture):
+class CompiledFuture(_RayText, CompiledDAGFuture):
     """An awaitable result, from ``await compiled.execute_async(...)``; awaited once.
 
     Subclasses Ray's ``CompiledDAGFuture`` (``isinstance`` checks hold); the result
     is read by a worker thread, so the event loop never blocks.
     """
 
+    _ray_name = "CompiledDAGFuture"
+
     def __init__(self, ref: CompiledRef) -> None:  # noqa: D107 - Ray's __init__ wants its own DAG
         self._ref = ref
         self._awaited = False
 
-    def __str__(self) -> str:
-        ref = self._ref
-        return (f"CompiledDAGFuture({ref._graph.get_id()}, execution_index={ref.execution_index}, "
-                f"channel_index={ref._output})")
-
-    __repr__ = __str__
-
-    def __copy__(self) -> CompiledFuture:
-        raise ValueError("CompiledDAGFuture cannot be copied.")
-
-    def __deepcopy__(self, memo: Any) -> CompiledFuture:
-        raise ValueError("CompiledDAGFuture cannot be deep copied.")
-
-    def __reduce__(self) -> Any:
-        raise ValueError("CompiledDAGFuture cannot be pickled.")
+    def _fields(self) -> tuple[Any, int, int | None]:
+        return self._ref._fields()
 
     def __await__(self) -> Any:
         if self._awaited:

@@ -40,8 +40,8 @@ import re
 from dataclasses import dataclass, field
 
 from cgraph.errors import DAGValidationError, GraphSyntaxError, TransportError
-from cgraph.ir.graph import DRIVER, ActorId, Graph, Node, NodeId, NodeKind, TensorHint
-from cgraph.ir.text import _parse_hint, format_node
+from cgraph.ir.graph import DRIVER, ActorId, Graph, Node, NodeId, NodeKind, TensorHint, format_node
+from cgraph.ir.text import _parse_hint
 
 
 # --------------------------------------------------------------------------- values

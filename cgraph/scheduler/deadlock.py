@@ -34,8 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cgraph.errors import DeadlockError
-from cgraph.ir.graph import Graph
-from cgraph.ir.text import format_node
+from cgraph.ir.graph import Graph, format_node
 from cgraph.scheduler.channels import error_message
 from cgraph.scheduler.ops import ActorId, NodeId, Op, OpKind, Schedule, format_grid
 

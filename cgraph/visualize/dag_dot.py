@@ -26,8 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cgraph.ir.graph import DRIVER, Actor, ActorId, Graph, Node, NodeKind, Ref
-from cgraph.ir.text import format_node
+from cgraph.ir.graph import DRIVER, Actor, ActorId, Graph, Node, NodeKind, Ref, format_node
 from cgraph.scheduler.channels import ChannelKind, ChannelPlan, ChannelSpec
 
 OUTPUT_ID = "driver.output"

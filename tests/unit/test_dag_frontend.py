@@ -282,8 +282,15 @@ def test_tensor_transport_hints():
     """)
 
 
+class Sending(CPUCommunicator):
+    """A Ray communicator whose transport is not "cpu" (it would send tensors itself)."""
+
+    def get_transport_name(self) -> str:
+        return "accelerator"
+
+
 def test_custom_communicators_are_named_by_class_and_identity():
-    comm1, comm2 = CPUCommunicator(2, []), CPUCommunicator(2, [])
+    comm1, comm2 = Sending(2, []), Sending(2, [])
     a, b = Worker.bind(), Worker.bind()
     with InputNode() as inp:
         x = a.f.bind(inp).with_tensor_transport(transport=comm1)
@@ -292,11 +299,17 @@ def test_custom_communicators_are_named_by_class_and_identity():
         dag = b.h.bind(x, y, z)
     front = read_dag(dag)
     hints = [front.graph.node(n).hint.transport for n in ("n1", "n2", "n3")]
-    assert hints == ["custom:CPUCommunicator", "custom:CPUCommunicator_1", "custom:CPUCommunicator"]
-    assert dict(front.communicators) == {
-        "custom:CPUCommunicator": comm1,
-        "custom:CPUCommunicator_1": comm2,
-    }
+    assert hints == ["custom:Sending", "custom:Sending_1", "custom:Sending"]
+    assert dict(front.communicators) == {"custom:Sending": comm1, "custom:Sending_1": comm2}
+
+
+def test_rays_cpu_communicator_on_an_edge_is_host_memory_as_in_ray():
+    a, b = Worker.bind(), Worker.bind()
+    with InputNode() as inp:
+        dag = b.h.bind(a.f.bind(inp).with_tensor_transport(transport=CPUCommunicator(2, [])))
+    front = read_dag(dag)
+    assert front.graph.node("n1").hint.transport == "shm"
+    assert dict(front.communicators) == {}
 
 
 def test_with_type_hint_function_and_method():

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cgraph.runtime import executor
+from cgraph.runtime import comm_ops, executor
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.program import ARG_CONST, ARG_INPUT, ARG_VALUE, ActorProgram, ComputeSpec
 from cgraph.scheduler.ops import Op, OpKind
@@ -100,7 +100,7 @@ def test_an_async_method_is_awaited(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_pending_argument_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    pending = executor.Pending(lambda: 40)
+    pending = comm_ops.Pending(lambda: 40)
     written, _, _ = _run("add", [(pending, 2)], monkeypatch=monkeypatch)
     assert written == [42]
 

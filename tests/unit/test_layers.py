@@ -75,3 +75,69 @@ def test_no_import_climbs_or_crosses_a_layer() -> None:
 def test_the_walk_sees_imports_inside_functions_and_subpackages() -> None:
     assert ("cgraph/collective/dag_ops.py", "dag") in edges()  # a function-local import
     assert ("cgraph/compiler.py", "visualize") in edges()  # from cgraph import visualize
+
+
+# --------------------------------------------------------------------------- files
+def module_of(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+
+
+def file_edges() -> dict[str, set[str]]:
+    """Module -> the cgraph modules it imports (not packages' __init__), anywhere in the file."""
+    modules = {module_of(p) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    out: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        me = module_of(path)
+        here = me.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join([*here[: len(here) - node.level + 1], *([node.module] if node.module else [])]) \
+                    if node.level else (node.module or "")
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            out.setdefault(me, set()).update(n for n in names if n in modules and n != me)
+    return out
+
+
+def circles() -> set[frozenset[str]]:
+    """Every set of modules that import each other, directly or around a ring."""
+    edges = file_edges()
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reached = {m: reach(m) for m in edges}
+    return {frozenset(x for x in reached[m] if m in reached.get(x, ())) | {m}
+            for m in edges if m in reached[m]}
+
+
+KNOWN_CIRCLES = {  # being untangled (issue 28): shrink this, never grow it
+    frozenset({"cgraph.channels.shm_channel", "cgraph.channels.shm_fast"}),
+    frozenset({"cgraph.channels.socket_channel", "cgraph.channels.socket_control",
+               "cgraph.channels.socket_endpoint", "cgraph.channels.socket_reader"}),
+    frozenset({"cgraph.collective.backends", "cgraph.collective.cpu_backend",
+               "cgraph.collective.torch_backend"}),
+}
+
+
+def test_no_two_files_import_each_other() -> None:
+    """Two files that import each other (a function-local or TYPE_CHECKING import counts) are
+    one concept cut in two, or share a thing that wants its own module (STYLE.md, item 9)."""
+    found = circles()
+    assert found - KNOWN_CIRCLES == set(), "new import circles: merge the files or move the shared part out"
+    assert KNOWN_CIRCLES - found == set(), "a known circle is gone: take it off KNOWN_CIRCLES"
+
+
+def test_the_file_walk_sees_function_local_imports() -> None:
+    assert "cgraph.dag.adapter_collective" in file_edges()["cgraph.collective.dag_ops"]  # inside _bind
+    assert "cgraph.runtime.compiled_graph" not in file_edges()["cgraph.runtime.refs"]  # a Protocol now
