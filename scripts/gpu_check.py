@@ -9,11 +9,15 @@
                   communicator's code on gloo, streams modelled on the CPU, the CUDA IPC
                   protocol with a stand-in, placement on Ray's logical GPUs, the send fence)
 
-Exit status: 1 when a check that could run failed, else 0.
+With CUDA, the run is appended to benchmarks/results/gpu.json, from which the README's
+GPU status is written (scripts/readme_tables.py). Exit status: 1 when a check that could
+run failed, else 0.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +26,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "benchmarks" / "results" / "gpu.json"
 CPU_MODEL = [
     "tests/unit/test_comm_process_group.py",
     "tests/unit/test_stream_model.py",
@@ -78,6 +83,35 @@ def show(rows: list[tuple[str, str, str]]) -> bool:
     return all(verdict != "FAIL" for _, verdict, _ in rows)
 
 
+def counts(rows: list[tuple[str, str, str]]) -> dict[str, int]:
+    return {verdict: sum(v == verdict for _, v, _ in rows) for verdict in ("PASS", "FAIL", "NOT RUN")}
+
+
+def this_run(checks: list[tuple[str, str, str]], sanitizer: list[tuple[str, str, str]], example: str) -> dict:
+    """This machine's GPU run as one record of benchmarks/results/gpu.json."""
+    import torch
+
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else "none"
+    return {
+        "date": datetime.date.today().isoformat(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+        "checks": counts(checks),
+        "not_run": [f"{name} ({why})" for name, verdict, why in checks if verdict == "NOT RUN"],
+        "sanitizer": counts(sanitizer),
+        "overlap_example": example,
+    }
+
+
+def record(run: dict, path: Path = RECORD) -> None:
+    """Append ``run`` to ``path`` (benchmarks/results/gpu.json), the one source of the README's
+    GPU status (scripts/readme_tables.py writes it from there)."""
+    data = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    data["runs"].append(run)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"recorded in {path}; scripts/readme_tables.py puts it in the README")
+
+
 def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     has_cuda = environment()
@@ -85,14 +119,18 @@ def main() -> int:
     if not has_cuda:
         print("No CUDA: running the CPU model of the same checks")
         return 0 if show(run_pytest(CPU_MODEL)) else 1
-    ok = show(run_pytest(["tests/gpu"]))
+    checks = run_pytest(["tests/gpu"])
+    ok = show(checks)
     print("under TORCH_CUDA_SANITIZER=1:")
-    ok = show(run_pytest(["tests/gpu/test_gpu_communicators.py"], {"TORCH_CUDA_SANITIZER": "1"})) and ok
+    sanitizer = run_pytest(["tests/gpu/test_gpu_communicators.py"], {"TORCH_CUDA_SANITIZER": "1"})
+    ok = show(sanitizer) and ok
     print("the overlap example on the GPU:")
     example = subprocess.run([sys.executable, "examples/overlap.py"], cwd=ROOT, capture_output=True, text=True,
                              check=False)
     print("\n".join(line for line in example.stdout.splitlines() if "duration" in line or "speedup" in line))
-    print(f"{'PASS' if example.returncode == 0 else 'FAIL':8} examples/overlap.py")
+    verdict = "PASS" if example.returncode == 0 else "FAIL"
+    print(f"{verdict:8} examples/overlap.py")
+    record(this_run(checks, sanitizer, verdict))
     return 0 if ok and example.returncode == 0 else 1
 
 

@@ -1,5 +1,5 @@
-"""Write the README's benchmark tables from the results files, so it never quotes a number
-that no results file holds.
+"""Write the README's benchmark tables (and its GPU status) from the results files, so it
+never quotes a number, or a GPU run, that no results file holds.
 
     .venv/bin/python scripts/readme_tables.py            # rewrite README.md between the markers
     .venv/bin/python scripts/readme_tables.py --check    # exit 1 if README.md is out of date
@@ -216,16 +216,42 @@ def tables() -> str:
     return "\n\n".join(render(load(name)) for name, render in AREAS)
 
 
-def updated(readme: str, body: str) -> str:
+GPU_BEGIN = "<!-- gpu status: written by scripts/readme_tables.py from benchmarks/results/gpu.json -->"
+GPU_END = "<!-- end of gpu status -->"
+
+
+def gpu_status(data: dict[str, Any]) -> str:
+    """What has run on a GPU, from the records ``make gpu-check`` leaves (one per run)."""
+    runs = data["runs"]
+    if not runs:
+        return "**No GPU has run these checks yet.**"
+    last = runs[-1]
+    checks, sanitizer = last["checks"], last["sanitizer"]
+    verdict = "every check passed" if checks["FAIL"] == 0 else f"{checks['FAIL']} checks failed"
+    not_run = "; not run: " + ", ".join(last["not_run"]) if last["not_run"] else ""
+    return (f"**Last GPU run: {last['date']}, {len(last['gpus'])} GPU ({', '.join(last['gpus'])}), "
+            f"torch {last['torch']}, CUDA {last['cuda']}, NCCL {last['nccl']}:** {verdict} that could "
+            f"run ({checks['PASS']} passed, {checks['FAIL']} failed, {checks['NOT RUN']} not run"
+            f"{not_run}); under the CUDA sanitizer {sanitizer['PASS']} passed, {sanitizer['FAIL']} "
+            f"failed; the overlap example: {last['overlap_example']}. Runs recorded: {len(runs)}.")
+
+
+def updated(readme: str, body: str, begin: str = BEGIN, end_marker: str = END) -> str:
     """``readme`` with the text between the markers replaced by ``body``.
 
     Raises:
         ValueError: the markers are missing or out of order.
     """
-    start, end = readme.find(BEGIN), readme.find(END)
+    start, end = readme.find(begin), readme.find(end_marker)
     if start < 0 or end < start:
-        raise ValueError(f"README.md needs the lines {BEGIN!r} and {END!r}, in that order")
-    return readme[: start + len(BEGIN)] + "\n" + body + "\n" + readme[end:]
+        raise ValueError(f"README.md needs the lines {begin!r} and {end_marker!r}, in that order")
+    return readme[: start + len(begin)] + "\n" + body + "\n" + readme[end:]
+
+
+def generated(readme: str) -> str:
+    """``readme`` with both generated parts (the benchmark tables, the GPU status) as the
+    results files give them now."""
+    return updated(updated(readme, tables()), gpu_status(load("gpu.json")), GPU_BEGIN, GPU_END)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,15 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         print(body)
         return 0
     current = README.read_text()
-    new = updated(current, body)
+    new = generated(current)
     if args.check:
         if new != current:
-            print("README.md's benchmark tables are out of date: run scripts/readme_tables.py")
+            print("README.md's benchmark tables or GPU status are out of date: run scripts/readme_tables.py")
             return 1
         return 0
     if new != current:
         README.write_text(new)
-    print(f"README.md: benchmark tables {'rewritten' if new != current else 'already current'}")
+    print(f"README.md: benchmark tables and GPU status {'rewritten' if new != current else 'already current'}")
     return 0
 
 

@@ -328,10 +328,13 @@ def slice_bytes(
     return SLICE_CHOICES[times.index(min(times))]
 
 
+NEEDS_LAYOUT = ("reduction_server", "shared")
+"""Algorithms that work per node: without a node layout (``ranks_per_node``) they are no candidates."""
+
+
 def candidates(ranks_per_node: int | None = None) -> tuple[str, ...]:
-    """The algorithms ``choose`` weighs: all, less the two that need a node layout
-    (reduction_server, shared) without one."""
-    return tuple(a for a in ALGORITHMS if ranks_per_node is not None or a not in ("reduction_server", "shared"))
+    """The algorithms ``choose`` weighs: all, less ``NEEDS_LAYOUT`` without a node layout."""
+    return tuple(a for a in ALGORITHMS if ranks_per_node is not None or a not in NEEDS_LAYOUT)
 
 
 def choose(
@@ -346,8 +349,9 @@ def explain(
     world_size: int, nbytes: int, params: CostParams, ranks_per_node: int | None = None,
     measured: dict[str, float] | None = None,
 ) -> str:
-    """A table of every candidate's terms, predicted time, the term that dominates it and
-    the ``measured`` seconds where given; the best prediction marked ``<- best``."""
+    """A table of every algorithm: each candidate's terms, predicted time, the term that
+    dominates it and the ``measured`` seconds where given, the best prediction marked
+    ``<- best``; an algorithm that is no candidate here says why."""
     best = choose(world_size, nbytes, params, ranks_per_node)
     layout = f", {ranks_per_node} ranks/node" if ranks_per_node else ""
     inter = ""
@@ -359,7 +363,12 @@ def explain(
         f"{'algorithm':<18}{'steps':>8}{'MB moved':>11}{'MB reduced':>12}{'predicted':>14}  "
         f"{'dominant term':<22}{'measured':>10}",
     ]
-    for name in candidates(ranks_per_node):
+    weighed = candidates(ranks_per_node)
+    for name in ALGORITHMS:
+        if name not in weighed:  # listed, with why it is not weighed
+            lines.append(f"{name:<18}{'-':>8}{'-':>11}{'-':>12}{'-':>14}  not a candidate: it works per "
+                         "node, and no node layout was given (pass ranks_per_node)")
+            continue
         t = terms(name, world_size, nbytes, ranks_per_node)
         mark = "  <- best" if name == best else ""
         seen = _format_seconds(measured[name]) if measured and name in measured else "-"

@@ -97,8 +97,13 @@ def test_fit_recovers_the_parameters_between_nodes_from_two_layouts() -> None:
 
 
 def test_reduction_server_is_a_candidate_only_with_a_layout() -> None:
-    assert "reduction_server" not in explain(16, 1 << 20, CLUSTER)
-    assert "reduction_server" in explain(16, 1 << 20, CLUSTER, ranks_per_node=4)
+    assert "reduction_server" not in cost_model.candidates()
+    assert "reduction_server" in cost_model.candidates(4)
+    flat = {r.split()[0]: r for r in explain(16, 1 << 20, CLUSTER).splitlines()[2:]}
+    assert list(flat) == list(ALGORITHMS), "every algorithm is listed, candidate or not"
+    for name in ("reduction_server", "shared"):
+        assert "not a candidate" in flat[name] and "pass ranks_per_node" in flat[name]
+    assert "not a candidate" not in explain(16, 1 << 20, CLUSTER, ranks_per_node=4)
 
 
 def test_explain_lists_every_algorithm_and_marks_the_best() -> None:
@@ -159,5 +164,6 @@ def test_the_public_explain_lists_the_reduction_server_for_a_layout_of_several_n
 
     flat = collective.explain(8, 4 << 20)
     layered = collective.explain(8, 4 << 20, ranks_per_node=4)
-    assert "reduction_server" not in flat and "4 ranks/node" in layered
+    assert "reduction_server" in flat and "not a candidate" in flat  # listed, with why not
+    assert "4 ranks/node" in layered and "not a candidate" not in layered
     assert "reduction_server" in layered and layered.count("<- best") == 1

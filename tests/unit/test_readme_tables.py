@@ -20,8 +20,21 @@ spec.loader.exec_module(readme_tables)
 
 def test_the_readme_tables_are_those_the_results_files_give() -> None:
     readme = (ROOT / "README.md").read_text()
-    expected = readme_tables.updated(readme, readme_tables.tables())
-    assert readme == expected, "README.md's benchmark tables are stale: run scripts/readme_tables.py"
+    expected = readme_tables.generated(readme)
+    assert readme == expected, "README.md's tables or GPU status are stale: run scripts/readme_tables.py"
+
+
+def test_the_gpu_status_comes_from_the_runs_recorded() -> None:
+    readme = (ROOT / "README.md").read_text()
+    status = readme_tables.gpu_status(readme_tables.load("gpu.json"))
+    assert status in readme and readme.count("GPU run") == 1, "one statement of the GPU status"
+    assert readme_tables.gpu_status({"runs": []}) == "**No GPU has run these checks yet.**"
+    run = {"date": "2027-01-02", "gpus": ["A", "A"], "torch": "t", "cuda": "c", "nccl": "n",
+           "checks": {"PASS": 5, "FAIL": 1, "NOT RUN": 0}, "not_run": [],
+           "sanitizer": {"PASS": 1, "FAIL": 0, "NOT RUN": 0}, "overlap_example": "PASS"}
+    text = readme_tables.gpu_status({"runs": [{}, run]})
+    assert text.startswith("**Last GPU run: 2027-01-02, 2 GPU (A, A)") and "1 checks failed" in text
+    assert text.endswith("Runs recorded: 2.")
 
 
 def test_every_area_links_its_results_and_the_first_four_have_a_table() -> None:
@@ -51,3 +64,16 @@ def test_numbers_are_formatted_as_the_tables_print_them() -> None:
     assert readme_tables.num(1115.43) == "1,115"
     assert readme_tables.num(305.35, 0) == "305"
     assert readme_tables.pct(0.548) == "55%"
+
+
+def test_a_gpu_run_is_appended_to_the_record(tmp_path) -> None:
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    rows = [("a", "PASS", ""), ("b", "NOT RUN", "needs two GPUs"), ("c", "PASS", "")]
+    assert gpu_check.counts(rows) == {"PASS": 2, "FAIL": 0, "NOT RUN": 1}
+    path = tmp_path / "gpu.json"
+    gpu_check.record({"date": "d1"}, path)
+    gpu_check.record({"date": "d2"}, path)
+    assert [r["date"] for r in readme_tables.json.loads(path.read_text())["runs"]] == ["d1", "d2"]
