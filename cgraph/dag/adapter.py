@@ -153,7 +153,12 @@ def _parents(node: DAGNode) -> list[DAGNode]:
 
 
 def _check_not_nested(call: ClassMethodNode) -> None:
-    """A node anywhere inside an argument (a list, a dict, any object) is refused, as in Ray."""
+    """A node anywhere inside an argument (a list, a dict, any object) is refused, as in Ray.
+    Ray's bind lists every node it found in the arguments among ``_upstream_nodes``: only
+    when one is not a direct argument are the arguments scanned, to say which holds it."""
+    direct = {id(v) for v in [*call.get_args(), *call.get_kwargs().values()] if isinstance(v, DAGNode)}
+    if all(id(u) in direct or isinstance(u, ClassNode) for u in call._upstream_nodes):
+        return
     slots = [(f"argument {i}", a) for i, a in enumerate(call.get_args())]
     slots += [(f"keyword argument {k!r}", v) for k, v in call.get_kwargs().items()]
     for slot, value in slots:

@@ -175,15 +175,16 @@ def socket_channel(tag: str, channel_id: str, max_inflight: int, *, secret: byte
     from cgraph.channels.socket_channel import ControlServer, SocketChannel
 
     limit = {} if max_value_bytes is None else {"max_value_bytes": max_value_bytes}
-    for last in (False, True):
+
+    def create() -> Any:
         server = ControlServer.shared(ray.util.get_node_ip_address(), tls=tls)
-        try:
-            return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight,
-                                        secret=secret, ends=ends, **limit)
-        except ChannelClosedError:  # another graph's teardown closed it as we took it
-            if last:
-                raise
-    raise AssertionError("unreachable")
+        return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight,
+                                    secret=secret, ends=ends, **limit)
+
+    try:
+        return create()
+    except ChannelClosedError:  # another graph's teardown closed the shared server as we took it
+        return create()
 
 
 def node_channel(tag: str, channel_id: str, hosts: tuple[str, str], *, max_inflight: int,
