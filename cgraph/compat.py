@@ -22,6 +22,7 @@ import it; ``cgraph/__init__.py`` loads it when a Ray name is first used.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ray.dag import DAGNode
@@ -53,9 +54,9 @@ def compile_with_ray_options(
     one exception: Ray's untouched default ``get_timeout`` of 10 s becomes
     cgraph's "no limit" (a first execution whose actors still import torch
     outlasts it); a value the user set (``DAGContext.get_current().get_timeout
-    = 30`` or ``RAY_CGRAPH_get_timeout``) is kept. A timeout of -1 (Ray: wait
-    forever) means no limit; the default communicator ``"create"`` (Ray: create
-    one per group) maps to cgraph's default.
+    = 30``, or ``RAY_CGRAPH_get_timeout`` in the environment, even at 10) is
+    kept. A timeout of -1 (Ray: wait forever) means no limit; the default
+    communicator ``"create"`` (Ray: create one per group) maps to cgraph's default.
 
     Returns:
         What ``cgraph.compile`` returns.
@@ -93,9 +94,13 @@ def ray_context_options() -> dict[str, Any]:
         "overlap_gpu_communication": bool(ctx.overlap_gpu_communication),
         "teardown_timeout": float(ctx.teardown_timeout),
     }
-    if ctx.get_timeout != RAY_DEFAULT_GET_TIMEOUT_S:
+    if ctx.get_timeout != RAY_DEFAULT_GET_TIMEOUT_S or GET_TIMEOUT_ENV in os.environ:
         options["get_timeout"] = ctx.get_timeout
     return options
+
+
+GET_TIMEOUT_ENV = "RAY_CGRAPH_get_timeout"
+"""Set (even to Ray's 10), Ray's get timeout is kept: that is how to ask for Ray's default."""
 
 
 class _CompiledByCGraph:

@@ -157,3 +157,10 @@ def test_hooks_install_once_and_keep_rays_method():
     assert before.__wrapped__ is not before
     assert before.__wrapped__.__qualname__ == "DAGNode.experimental_compile"
     assert callable(DAGNode.with_type_hint)
+
+
+def test_rays_10_s_get_timeout_is_kept_when_the_environment_asks_for_it(monkeypatch):
+    assert "get_timeout" not in ray_context_options(), "Ray's untouched default: cgraph's (no limit)"
+    monkeypatch.setenv("RAY_CGRAPH_get_timeout", "10")
+    assert ray_context_options()["get_timeout"] == 10
+
