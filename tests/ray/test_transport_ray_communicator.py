@@ -10,13 +10,13 @@ import time
 import pytest
 import ray
 import torch
-from ray.experimental.channel.communicator import Communicator as RayBase
 from ray.experimental.channel.cpu_communicator import CPUCommunicator
 from ray.experimental.util.types import ReduceOp as RayReduceOp
 
 import cgraph
 from cgraph import InputNode, MultiOutputNode
 from cgraph.collective import allreduce
+from tests.fake_ray_communicator import RayFake, reduce_all
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -33,30 +33,15 @@ class Mailbox:
         return self.items.get(key) if keep else self.items.pop(key, None)
 
 
-class MailboxCommunicator(RayBase):
+class MailboxCommunicator(RayFake):
     """A user's Ray communicator: tensors go through a mailbox actor, ranked by ``actors``."""
 
     def __init__(self, actors, mailbox) -> None:
-        self.actors, self.mailbox, self.me = actors, mailbox, None
+        super().__init__(actors)
+        self.mailbox = mailbox
         self.sent: dict[int, int] = {}
         self.got: dict[int, int] = {}
         self.rounds = 0
-
-    def initialize(self, rank: int) -> None:
-        self.me = rank
-
-    def get_actor_handles(self):
-        return self.actors
-
-    def get_rank(self, actor) -> int:
-        ids = [a._ray_actor_id for a in self.actors]
-        return ids.index(actor._ray_actor_id)
-
-    def get_self_rank(self):
-        return self.me
-
-    def get_world_size(self) -> int:
-        return len(self.actors)
 
     def _wait(self, key, keep=False):
         deadline = time.monotonic() + 60
@@ -76,39 +61,11 @@ class MailboxCommunicator(RayBase):
         buf.copy_(value)
         return buf
 
-    @property
-    def recv_stream(self):
-        return None
-
-    @property
-    def send_stream(self):
-        return None
-
     def allreduce(self, send_buf, recv_buf, op=RayReduceOp.SUM) -> None:
         self.rounds += 1
         ray.get(self.mailbox.put.remote(("ar", self.rounds, self.me), send_buf.clone()))
         parts = [self._wait(("ar", self.rounds, r), keep=True) for r in range(len(self.actors))]
-        combine = {RayReduceOp.SUM: torch.add, RayReduceOp.MAX: torch.maximum}[op]
-        acc = parts[0]
-        for part in parts[1:]:
-            acc = combine(acc, part)
-        recv_buf.copy_(acc)
-
-    def allgather(self, send_buf, recv_buf) -> None:
-        raise NotImplementedError
-
-    def reducescatter(self, send_buf, recv_buf, op=RayReduceOp.SUM) -> None:
-        raise NotImplementedError
-
-    def destroy(self) -> None:
-        pass
-
-    def get_transport_name(self) -> str:
-        return "accelerator"
-
-    @classmethod
-    def generate_communicator_id(cls) -> str:
-        return "mailbox"
+        recv_buf.copy_(reduce_all(op, parts))
 
 
 @ray.remote(num_cpus=0)

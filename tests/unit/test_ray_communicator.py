@@ -14,13 +14,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from ray.experimental.channel.communicator import Communicator as RayBase
 from ray.experimental.util.types import ReduceOp as RayReduceOp
 
 from cgraph.comm.ray_communicator import RayCommunicator, ranks_of
+from tests.fake_ray_communicator import RayFake, reduce_all
 
 RAY_RANKS = (2, 0, 1)  # cgraph rank r is Ray rank RAY_RANKS[r]
-OPS = {RayReduceOp.SUM: torch.add, RayReduceOp.MAX: torch.maximum}
 
 
 class Shared:
@@ -33,27 +32,13 @@ class Shared:
         self.lock = threading.Lock()
 
 
-class ThreadComm(RayBase):
+class ThreadComm(RayFake):
     """A Ray Communicator over threads; ``actors`` are names standing in for handles."""
 
     def __init__(self, actors: list[str], shared: Shared) -> None:
-        self.actors, self.shared, self.me = actors, shared, -1
+        super().__init__(actors)
+        self.shared = shared
         self.destroyed = False
-
-    def initialize(self, rank: int) -> None:
-        self.me = rank
-
-    def get_actor_handles(self):
-        return self.actors
-
-    def get_rank(self, actor) -> int:
-        return self.actors.index(actor)
-
-    def get_self_rank(self):
-        return self.me
-
-    def get_world_size(self) -> int:
-        return len(self.actors)
 
     def send(self, value, peer_rank):
         self.shared.pipes[(self.me, peer_rank)].put(value.clone())
@@ -63,14 +48,6 @@ class ThreadComm(RayBase):
         buf = allocator(shape, dtype)
         buf.copy_(got)
         return buf
-
-    @property
-    def recv_stream(self):
-        return None
-
-    @property
-    def send_stream(self):
-        return None
 
     def _gather(self, send_buf) -> list[torch.Tensor]:
         with self.shared.lock:
@@ -84,28 +61,13 @@ class ThreadComm(RayBase):
         recv_buf.copy_(torch.cat(self._gather(send_buf)))
 
     def allreduce(self, send_buf, recv_buf, op=RayReduceOp.SUM):
-        parts = self._gather(send_buf)
-        acc = parts[0].clone()
-        for p in parts[1:]:
-            acc = OPS[op](acc, p)
-        recv_buf.copy_(acc)
+        recv_buf.copy_(reduce_all(op, self._gather(send_buf)))
 
     def reducescatter(self, send_buf, recv_buf, op=RayReduceOp.SUM):
-        parts = self._gather(send_buf)
-        acc = parts[0].clone()
-        for p in parts[1:]:
-            acc = OPS[op](acc, p)
-        recv_buf.copy_(acc.chunk(len(self.actors))[self.me])
+        recv_buf.copy_(reduce_all(op, self._gather(send_buf)).chunk(len(self.actors))[self.me])
 
     def destroy(self):
         self.destroyed = True
-
-    def get_transport_name(self) -> str:
-        return "accelerator"
-
-    @classmethod
-    def generate_communicator_id(cls) -> str:
-        return "thread-comm"
 
 
 def run_ranks(body: Callable[[RayCommunicator], object]) -> list[object]:
