@@ -90,7 +90,7 @@ def _md_layout(section: dict[str, Any]) -> list[str]:
 def real_cluster_model(results: dict[str, Any]) -> list[str]:
     """The model's table for two real nodes of 4 ranks, 16 MiB, 25 GB/s between them: with
     this host's fitted within-node parameters, and with a GPU-class node's."""
-    from cgraph.comm.cost_model import CostParams, explain
+    from cgraph.comm.tuning.cost_model import CostParams, explain
 
     one_node = [sec for sec in results["sections"].values()
                 if sec.get("status") == "ok" and sec["nodes"] == 1 and sec.get("params")]

@@ -35,7 +35,7 @@ _API = (
 )
 _TUNING = ("explain", "choose_algorithm", "get_cost_params", "set_cost_params", "tune")
 _DAG_OPS = ("allreduce", "allgather", "reducescatter")  # callable and .bind-able
-_ELSEWHERE = {"CostParams": "cgraph.comm.cost_model", "Team": "cgraph.comm.teams"}
+_ELSEWHERE = {"CostParams": "cgraph.comm.tuning.cost_model", "Team": "cgraph.comm.teams"}
 
 __all__ = ["ReduceOp", *_API, *_TUNING, *_ELSEWHERE]
 

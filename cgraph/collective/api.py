@@ -33,11 +33,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from cgraph import _spans
-from cgraph.collective import backends, groups
+from cgraph.collective import groups
 from cgraph.collective.arguments import all_working, check_parts, check_peer, reduce_op
 from cgraph.collective.groups import DEFAULT_TIMEOUT_S
-from cgraph.collective.tensor_views import working
-from cgraph.comm import teams
+from cgraph.comm import backends, teams
+from cgraph.comm.tensor_views import working
 from cgraph.comm.types import ReduceOp
 
 

@@ -11,8 +11,9 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from cgraph.collective import backends, groups
-from cgraph.collective.tensor_views import kind_of, working
+from cgraph.collective import groups
+from cgraph.comm import backends
+from cgraph.comm.tensor_views import kind_of, working
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveGroupError
 

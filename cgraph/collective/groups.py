@@ -26,10 +26,9 @@ from typing import Any
 
 import ray
 
-from cgraph.collective import rendezvous
-from cgraph.collective.backends import Backend, GroupComm, Hooks, backend
-from cgraph.collective.rendezvous import GroupSpec, Membership
-from cgraph.comm import teams
+from cgraph.comm import rendezvous, teams
+from cgraph.comm.backends import Backend, GroupComm, Hooks, backend
+from cgraph.comm.rendezvous import GroupSpec, Membership
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
 DEFAULT_TIMEOUT_S = 30.0

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cgraph.collective import autotune, groups
+from cgraph.collective import groups
 from cgraph.collective.arguments import tuned_comm
-from cgraph.comm import cost_model
-from cgraph.comm.cost_model import CostParams
+from cgraph.comm.tuning import autotune, cost_model
+from cgraph.comm.tuning.cost_model import CostParams
 
 DEFAULT_PARAMS = autotune.DEFAULT_PARAMS
 """What ``explain`` assumes without a fitted group or given params."""

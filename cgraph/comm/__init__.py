@@ -1,16 +1,20 @@
 """The one home of communicators: how tensors move between the ranks of a group.
 
-    communicator   the ``Communicator`` interface (send/recv and collectives, in place)
+    communicator   the ``Communicator`` interface of a compiled graph (torch tensors, in place)
+    transport      the point-to-point protocol the algorithms run over (numpy arrays)
     types          ``ReduceOp`` and its one table (numpy ufunc, torch function, torch.distributed op)
-    transport      the point-to-point protocol the algorithms run over; an in-memory fabric
+    signatures     call signatures, compared across ranks before a collective
     algorithms     star, chain, tree, butterfly, ring, reduction server (numpy, any transport)
     teams          sub-teams of a transport (strided, 2-D, one per node)
-    cost_model     alpha-beta-gamma predictions of the algorithms, and their fitting
-    cpu_mesh       the CPU mesh: one shared-memory link per ordered rank pair, cgraph's algorithms
-    framed_transport  the mesh with every message tagged by its call (the public collective API)
-    process_group  one torch.distributed process-group communicator: "gloo" on CPUs, "nccl" on GPUs
+    backends       the imperative API's backends, one row per name; ``GroupComm``, what each returns
+    rendezvous     one small named store actor per collective group: membership and keys
+    ray_store      the store's server and a torch ``Store`` whose keys live in that Ray actor
+    tensor_views   working views of the caller's tensors in the kind a backend computes on
+    cpu/           cgraph's own links: node meshes, sockets between nodes, the "cpu" backend
+    torch/         torch.distributed process groups: "gloo" on CPUs, "nccl" on GPUs
+    tuning/        the cost model, measuring it, and ``algorithm="auto"``
     cuda_ipc       actors sharing one GPU: CUDA IPC handles over shared-memory links
-    ray_store      the one rendezvous: a torch ``Store`` whose keys live in a Ray actor
+    ray_communicator  a user's subclass of Ray's ``Communicator``, run as cgraph's
     streams        the comm-stream seam (CUDA streams, inline, or ``stream_model`` for CI)
 
 Layer 2: imports ``errors``, ``channels`` and ``ir`` below it, never the runtime,

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import Communicator
-from cgraph.comm.cpu_mesh import LinkEnds, create_links
+from cgraph.comm.cpu.mesh import LinkEnds, create_links
 from cgraph.errors import ChannelClosedError
 
 if TYPE_CHECKING:

@@ -146,7 +146,7 @@ class CommResources:
 
 # --------------------------------------------------------------------------- kinds
 def _make_cpu(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    from cgraph.comm.cpu_mesh import create_links
+    from cgraph.comm.cpu.mesh import create_links
 
     channels, ends = create_links(tag, name, n)
     res.channels += channels
@@ -162,7 +162,7 @@ def _make_ipc(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list
 
 
 def _make_store(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    from cgraph.comm.process_group import StoreRendezvous
+    from cgraph.comm.torch.process_group import StoreRendezvous
 
     prefix, timeout = f"cgraph/{tag}/{name}", res.rendezvous_timeout_s
     rendezvous, store = StoreRendezvous.create(prefix) if timeout is None else StoreRendezvous.create(prefix, timeout)
@@ -171,7 +171,7 @@ def _make_store(res: CommResources, tag: str, name: str, n: int, obj: Any) -> li
 
 
 def _open_cpu(g: GroupEndpoint) -> Communicator:
-    from cgraph.comm.cpu_mesh import CpuCommunicator
+    from cgraph.comm.cpu.mesh import CpuCommunicator
 
     return CpuCommunicator(g.payload)
 
@@ -184,14 +184,14 @@ def _open_ipc(g: GroupEndpoint) -> Communicator:
 
 
 def _open_nccl(g: GroupEndpoint) -> Communicator:
-    from cgraph.comm.process_group import ProcessGroupCommunicator
+    from cgraph.comm.torch.process_group import ProcessGroupCommunicator
 
     bind_assigned_gpu()
     return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "nccl")
 
 
 def _open_gloo(g: GroupEndpoint) -> Communicator:
-    from cgraph.comm.process_group import ProcessGroupCommunicator
+    from cgraph.comm.torch.process_group import ProcessGroupCommunicator
 
     return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "gloo", nodes=g.nodes)
 

@@ -33,7 +33,7 @@ def _ipc_rank(ends, queue) -> None:  # type: ignore[no-untyped-def]
 
 def _nccl_rank(rendezvous, rank):  # type: ignore[no-untyped-def]
     """In a Ray task holding one GPU (Ray makes it device 0 there)."""
-    from cgraph.comm.process_group import NcclCommunicator
+    from cgraph.comm.torch.process_group import NcclCommunicator
 
     try:
         comm = NcclCommunicator(rendezvous, rank, 2)
@@ -113,7 +113,7 @@ def test_cuda_ipc_between_two_processes_on_one_gpu() -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs")
 def test_nccl_between_two_gpus(ray_session) -> None:  # type: ignore[no-untyped-def]
     ray = ray_session
-    from cgraph.comm.process_group import NcclRendezvous
+    from cgraph.comm.torch.process_group import NcclRendezvous
 
     assert ray.cluster_resources().get("GPU", 0) >= 2, "the session's Ray should have every GPU of this machine"
     rendezvous, store = NcclRendezvous.create(f"test/{uuid.uuid4().hex[:8]}", timeout_s=60)

@@ -15,9 +15,9 @@ import ray
 import torch
 
 import cgraph.collective as col
-from cgraph.collective.backends import BACKENDS
-from cgraph.collective.tensor_views import CONVERT
 from cgraph.comm import algorithms
+from cgraph.comm.backends import BACKENDS
+from cgraph.comm.tensor_views import CONVERT
 from cgraph.comm.types import ReduceOp
 from tests.ray.collective_helpers import (  # noqa: F401 - no_group_segments is an autouse fixture
     Member,
@@ -299,9 +299,9 @@ def test_every_backend_and_tensor_pair_has_a_row():
 
 def test_calibration_follows_the_measurements_where_the_shared_model_cannot():
     """On few cores star beats ring although every term of its model is larger."""
-    from cgraph.collective.autotune import Calibration
-    from cgraph.comm import cost_model
-    from cgraph.comm.cost_model import CostParams, Sample
+    from cgraph.comm.tuning import cost_model
+    from cgraph.comm.tuning.autotune import Calibration
+    from cgraph.comm.tuning.cost_model import CostParams, Sample
 
     truth = CostParams(alpha=1e-4, beta=1e-10, gamma=3e-10)
     slowdown = {"star": 0.1}  # measured / model on this made-up host; 1.5 for the others

@@ -20,7 +20,7 @@ import pytest
 import ray
 
 import cgraph.collective as col
-from cgraph.collective import rendezvous
+from cgraph.comm import rendezvous
 from tests.ray.collective_helpers import (  # noqa: F401 - no_group_segments is an autouse fixture
     destroy_everywhere,
     fresh,

@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cgraph.comm.algorithms import ALGORITHMS, allreduce
-from cgraph.comm.transport import LocalTransport, run_ranks
 from cgraph.comm.types import UFUNC, ReduceOp
+from tests.fabric import LocalTransport, run_ranks
 
 OPS = tuple(ReduceOp)
 DTYPES = (np.float32, np.float64, np.int64)

@@ -20,13 +20,13 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from cgraph.collective import autotune, measurement
-from cgraph.collective.tuner import Tuner
-from cgraph.comm import cost_model
 from cgraph.comm.algorithms import allreduce as real_allreduce
-from cgraph.comm.cost_model import CostParams
-from cgraph.comm.transport import LocalTransport, Transport, run_ranks
+from cgraph.comm.transport import Transport
+from cgraph.comm.tuning import autotune, cost_model, measurement
+from cgraph.comm.tuning.cost_model import CostParams
+from cgraph.comm.tuning.tuner import Tuner
 from cgraph.comm.types import ReduceOp
+from tests.fabric import LocalTransport, run_ranks
 
 TRUE = CostParams(alpha=1e-4, beta=1e-9, gamma=5e-10, alpha_inter=1e-3, beta_inter=8e-9)
 SIZES = (4 << 10, 64 << 10, 512 << 10)
@@ -242,9 +242,9 @@ def test_one_node_measures_no_links() -> None:
 
 def test_the_reduction_server_slices_as_the_fitted_model_says() -> None:
     """Before a calibration: the algorithm's default; after: ``cost_model.slice_bytes``."""
-    from cgraph.collective.tuner import Tuner
-    from cgraph.comm.cost_model import CostParams, slice_bytes
-    from cgraph.comm.transport import LocalTransport
+    from cgraph.comm.tuning.cost_model import CostParams, slice_bytes
+    from cgraph.comm.tuning.tuner import Tuner
+    from tests.fabric import LocalTransport
 
     t = LocalTransport.create(4, node_of=[0, 0, 1, 1])[0]
     tuner = Tuner(t)
@@ -260,9 +260,9 @@ def test_where_a_nodes_ranks_take_every_core_the_slices_do_not_overlap() -> None
     as large as the choices allow (each slice only adds its messages' latency)."""
     import dataclasses
 
-    from cgraph.collective.tuner import Tuner
-    from cgraph.comm.cost_model import SLICE_CHOICES, CostParams, slice_bytes
-    from cgraph.comm.transport import LocalTransport
+    from cgraph.comm.tuning.cost_model import SLICE_CHOICES, CostParams, slice_bytes
+    from cgraph.comm.tuning.tuner import Tuner
+    from tests.fabric import LocalTransport
 
     tuner = Tuner(LocalTransport.create(4, node_of=[0, 0, 1, 1])[0])
     params = CostParams(1e-4, 3e-10, 1e-10, alpha_inter=2e-4, beta_inter=7e-10)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cgraph.collective import autotune, measurement
-from cgraph.comm import cost_model
-from cgraph.comm.transport import LocalTransport, run_ranks
+from cgraph.comm.tuning import autotune, cost_model, measurement
+from tests.fabric import LocalTransport, run_ranks
 
 
 def _calibration(world_size: int) -> autotune.Calibration:

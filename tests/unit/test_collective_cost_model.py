@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from cgraph.comm import cost_model, cost_samples
 from cgraph.comm.algorithms import ALGORITHMS, ALLGATHER_ALGORITHMS, REDUCESCATTER_ALGORITHMS
-from cgraph.comm.cost_model import (
+from cgraph.comm.tuning import cost_model
+from cgraph.comm.tuning.cost_model import (
     COST,
     CostParams,
     Sample,
@@ -18,8 +18,8 @@ from cgraph.comm.cost_model import (
     predict,
     terms,
 )
-from cgraph.comm.cost_samples import sample
-from cgraph.comm.transport import LocalTransport
+from tests import fabric as cost_samples
+from tests.fabric import LocalTransport, sample
 
 # 10 us per message, 1 GB/s, 10 GB/s reduction: a commodity cluster.
 CLUSTER = CostParams(alpha=1e-5, beta=1e-9, gamma=1e-10)

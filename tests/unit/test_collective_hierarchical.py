@@ -20,7 +20,6 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import pytest
 
-from cgraph.comm import cost_model
 from cgraph.comm.algorithms import (
     ALGORITHMS,
     ALLGATHER_ALGORITHMS,
@@ -30,9 +29,15 @@ from cgraph.comm.algorithms import (
     reducescatter,
 )
 from cgraph.comm.algorithms.partition import Bounds, chunk_bounds
-from cgraph.comm.cost_model import CostParams, collective_terms, predict_collective, slice_bytes
-from cgraph.comm.transport import LocalTransport, run_ranks
+from cgraph.comm.tuning import cost_model
+from cgraph.comm.tuning.cost_model import (
+    CostParams,
+    collective_terms,
+    predict_collective,
+    slice_bytes,
+)
 from cgraph.comm.types import UFUNC, ReduceOp
+from tests.fabric import LocalTransport, run_ranks
 from tests.unit.test_collective_allreduce import Case, check, make_input
 
 LAYOUTS: dict[str, tuple[Hashable, ...]] = {

@@ -10,9 +10,10 @@ import pytest
 
 from cgraph.comm.algorithms import allgather, barrier, broadcast, reduce, reducescatter
 from cgraph.comm.algorithms.partition import chunk_bounds, slice_bounds
-from cgraph.comm.transport import LocalTransport, Transport, node_layout, run_ranks
+from cgraph.comm.transport import Transport, node_layout
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
+from tests.fabric import LocalTransport, run_ranks
 
 MODES = pytest.mark.parametrize("rendezvous", [False, True], ids=["buffered", "rendezvous"])
 SIZES = pytest.mark.parametrize("world_size", [1, 2, 3, 6, 7, 16])

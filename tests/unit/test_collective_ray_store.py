@@ -187,7 +187,7 @@ def test_a_key_never_set_is_a_store_error_that_says_timed_out(actor):
             attempt()
         assert time.monotonic() - start < 3
         assert "never" in str(info.value)
-    assert isinstance(info.value, RuntimeError)  # what torch_backend's handling catches
+    assert isinstance(info.value, RuntimeError)  # what the gloo backend's handling catches
 
 
 def test_a_wait_returns_as_soon_as_another_rank_sets_the_key(actor):
@@ -201,7 +201,7 @@ def test_a_wait_returns_as_soon_as_another_rank_sets_the_key(actor):
 
 
 def test_two_gloo_ranks_meet_through_the_store(actor):
-    """The path torch_backend and NcclCommunicator take: a process group built on it."""
+    """The path comm.torch.backend and NcclCommunicator take: a process group built on it."""
     torch = pytest.importorskip("torch")
     if not dist.is_gloo_available():
         pytest.skip("torch without gloo")

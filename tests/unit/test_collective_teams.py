@@ -21,8 +21,8 @@ from cgraph.comm.teams import (
     split_strided,
     world_team,
 )
-from cgraph.comm.transport import LocalTransport, run_ranks
 from cgraph.comm.types import ReduceOp
+from tests.fabric import LocalTransport, run_ranks
 
 
 def test_split_strided() -> None:

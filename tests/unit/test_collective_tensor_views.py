@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cgraph.collective.cpu_backend import _desc
-from cgraph.collective.tensor_views import dtype_name, working
+from cgraph.comm.cpu.backend import _desc
+from cgraph.comm.tensor_views import dtype_name, working
 
 
 def test_a_bfloat16_tensor_works_as_float32_but_is_named_as_itself() -> None:

@@ -18,9 +18,9 @@ import pytest
 
 from cgraph.channels.segments import unlink_channel
 from cgraph.comm.algorithms.barrier import barrier
-from cgraph.comm.arena import ShmArena
-from cgraph.comm.transport import LocalTransport
+from cgraph.comm.cpu.arena import ShmArena
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
+from tests.fabric import LocalTransport
 
 
 def run_node(size: int, work: Any) -> list[Any]:

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from cgraph.channels.shm_channel import ShmChannel
-from cgraph.comm.cpu_mesh import CpuCommunicator, create_links
+from cgraph.comm.cpu.mesh import CpuCommunicator, create_links
 from cgraph.ir import TensorHint
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, decode, encode
 from cgraph.runtime.error_value import ErrorValue

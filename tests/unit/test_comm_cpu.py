@@ -21,7 +21,7 @@ import torch
 
 from cgraph.comm.algorithms import ALGORITHMS
 from cgraph.comm.communicator import Communicator, as_reduce_op, missing_methods
-from cgraph.comm.cpu_mesh import CpuCommunicator, create_links
+from cgraph.comm.cpu.mesh import CpuCommunicator, create_links
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import ChannelClosedError
 

@@ -25,7 +25,6 @@ import pytest
 import torch
 
 from cgraph.comm.communicator import Communicator
-from cgraph.comm.transport import LocalTransport
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, parse_graph
 from cgraph.runtime.communicators import GROUP_KINDS, plan_groups, setup_communicators
@@ -35,6 +34,7 @@ from cgraph.runtime.executor import HANDLERS, after_overlapped_sends, run_actor_
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
 from cgraph.scheduler import OpKind, format_schedule, plan_schedule
+from tests.fabric import LocalTransport
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cgraph.comm import peer_memory
+from cgraph.comm.cpu import peer_memory
 
 
 def _holder(pipe: Any) -> None:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cgraph.comm.peer_watch import PeerWatch
+from cgraph.comm.cpu.peer_watch import PeerWatch
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfd_open here")
 

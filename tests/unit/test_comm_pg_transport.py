@@ -17,8 +17,8 @@ import pytest
 import torch.distributed as dist
 
 from cgraph.comm import algorithms
-from cgraph.comm.pg_transport import ProcessGroupTransport
-from cgraph.comm.process_group import process_group
+from cgraph.comm.torch.process_group import process_group
+from cgraph.comm.torch.transport import ProcessGroupTransport
 from cgraph.comm.types import ReduceOp
 
 NODES = ("n0", "n0", "n1", "n1")

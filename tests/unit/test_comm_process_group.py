@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cgraph.comm import process_group
-from cgraph.comm.process_group import NcclCommunicator, ProcessGroupCommunicator
+from cgraph.comm.torch import process_group
+from cgraph.comm.torch.process_group import NcclCommunicator, ProcessGroupCommunicator
 from cgraph.errors import ChannelClosedError, ChannelLostError
 
 

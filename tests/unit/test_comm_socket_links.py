@@ -24,12 +24,14 @@ import pytest
 
 from cgraph.channels import handshake
 from cgraph.channels.segments import unlink_channel
-from cgraph.collective.cpu_layout import _global_ends
-from cgraph.comm import algorithms, socket_links, socket_pairing
+from cgraph.comm import algorithms
 from cgraph.comm.algorithms import shared
-from cgraph.comm.arena import ShmArena
-from cgraph.comm.cpu_mesh import create_links
-from cgraph.comm.framed_transport import FramedTransport
+from cgraph.comm.cpu import links as socket_links
+from cgraph.comm.cpu import pairing as socket_pairing
+from cgraph.comm.cpu.arena import ShmArena
+from cgraph.comm.cpu.framed import FramedTransport
+from cgraph.comm.cpu.layout import _global_ends
+from cgraph.comm.cpu.mesh import create_links
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import (
     ChannelClosedError,
@@ -181,7 +183,7 @@ def test_large_calls_read_the_peers_tensors_where_the_kernel_lets_them(
     """Above ``CMA_MIN_BYTES`` (lowered here) the ranks read each other's tensors
     (``peer_memory``); where one rank of a node may not, the whole node keeps the
     workspace. Either way every rank gets numpy's sum, bit for bit alike."""
-    from cgraph.comm import peer_memory
+    from cgraph.comm.cpu import peer_memory
 
     monkeypatch.setattr(shared, "CMA_MIN_BYTES", 4096)
     monkeypatch.setattr(shared, "CMA_BLOCK_BYTES", 1000)  # several blocks, a ragged last one
@@ -206,7 +208,7 @@ def test_large_calls_read_the_peers_tensors_where_the_kernel_lets_them(
 
 
 def test_a_peer_read_that_fails_mid_call_is_the_groups_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cgraph.comm import peer_memory
+    from cgraph.comm.cpu import peer_memory
 
     monkeypatch.setattr(shared, "CMA_MIN_BYTES", 4096)
     real_read = peer_memory.read

@@ -26,7 +26,7 @@ import torch
 
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import view_receiver
-from cgraph.comm.cpu_mesh import CpuCommunicator, create_links
+from cgraph.comm.cpu.mesh import CpuCommunicator, create_links
 from cgraph.ir import TensorHint
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, encode
 from cgraph.runtime.comm_ops import last_link_reads

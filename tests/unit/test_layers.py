@@ -125,8 +125,8 @@ KNOWN_CIRCLES = {  # being untangled (issue 28): shrink this, never grow it
     frozenset({"cgraph.channels.shm_channel", "cgraph.channels.shm_fast"}),
     frozenset({"cgraph.channels.socket_channel", "cgraph.channels.socket_control",
                "cgraph.channels.socket_endpoint", "cgraph.channels.socket_reader"}),
-    frozenset({"cgraph.collective.backends", "cgraph.collective.cpu_backend",
-               "cgraph.collective.torch_backend"}),
+    frozenset({"cgraph.comm.backends", "cgraph.comm.cpu.backend",
+               "cgraph.comm.torch.backend"}),
 }
 
 

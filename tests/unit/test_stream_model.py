@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from cgraph.comm import stream_model
 from cgraph.comm.communicator import Communicator
 from cgraph.comm.streams import InlineStreams, ModelStreams, streams_of
-from cgraph.comm.transport import LocalTransport
 from cgraph.errors import ChannelClosedError
 from cgraph.runtime.comm_ops import CommState
+from tests.fabric import LocalTransport
 from tests.unit.test_comm_ops import SEED, SEND_THEN_BUMP, Harness, normalise
 
 DELAY_S = 0.002

@@ -8,7 +8,7 @@ run in place on ``buf`` (a C-contiguous numpy array, any shape; the element
 order is the flattened order). Every rank must call with the same algorithm,
 op, element count, dtype and options. ``ALGORITHMS`` (allreduce),
 ``REDUCESCATTER_ALGORITHMS`` and ``ALLGATHER_ALGORITHMS`` map each name to its
-function; ``cgraph.comm.cost_model`` has a cost formula for each row. The
+function; ``cgraph.comm.tuning.cost_model`` has a cost formula for each row. The
 other building blocks (reduce, broadcast, barrier) are re-exported here.
 """
 

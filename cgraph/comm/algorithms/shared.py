@@ -45,11 +45,11 @@ from typing import Any
 
 import numpy as np
 
-from cgraph.comm import peer_memory
 from cgraph.comm.algorithms.barrier import barrier
 from cgraph.comm.algorithms.partition import chunk_bounds, flat_view
 from cgraph.comm.algorithms.reduction_server import allreduce_reduction_server
 from cgraph.comm.algorithms.ring import allreduce_ring
+from cgraph.comm.cpu import peer_memory
 from cgraph.comm.teams import Team, TeamTransport, node_teams
 from cgraph.comm.transport import Transport, node_layout
 from cgraph.comm.types import ReduceOp, combine
@@ -166,7 +166,7 @@ def _peer_reads(transport: Transport, arena: Any, node: Transport, local: int) -
 
     Each rank posts its pid and the address of a number on the board, tries to read
     every peer's, and posts its verdict; the node uses ``peer_memory`` only if all said
-    yes. Transports without the workspace's semaphores (threads: ``LocalTransport``) never do.
+    yes. Transports without the workspace's semaphores (the tests' threads) never do.
     """
     if getattr(transport, "peer_read", None) is None or not hasattr(arena, "board"):
         return False

@@ -24,11 +24,11 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from cgraph.comm import cost_model
 from cgraph.comm.algorithms import allreduce, barrier, runs_on
-from cgraph.comm.cost_model import Sample
 from cgraph.comm.teams import Team, TeamTransport, node_teams
 from cgraph.comm.transport import Transport, node_layout
+from cgraph.comm.tuning import cost_model
+from cgraph.comm.tuning.cost_model import Sample
 from cgraph.comm.types import ReduceOp
 
 FIT_BYTES: tuple[int, ...] = (256 << 10, 4 << 20, 32 << 20)

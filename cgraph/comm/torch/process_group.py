@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 from cgraph.comm import algorithms
 from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
-from cgraph.comm.cpu_mesh import NumpyView
-from cgraph.comm.pg_transport import ProcessGroupTransport
+from cgraph.comm.cpu.mesh import NumpyView
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
+from cgraph.comm.torch.transport import ProcessGroupTransport
 from cgraph.comm.types import ReduceOp, dist_op
 
 if TYPE_CHECKING:

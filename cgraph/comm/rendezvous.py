@@ -35,7 +35,7 @@ run one at a time on the actor's event loop, as before.
 
 The "cpu" backend's links are files in a node's /dev/shm: a rank on the
 store's node gets its ends of the store's mesh; where the ranks turn out to
-span nodes, ``cpu_layout`` makes one mesh per node and gloo links between
+span nodes, ``cpu.layout`` makes one mesh per node and gloo links between
 nodes, on the first call.
 """
 
@@ -98,7 +98,7 @@ class Membership:
     node: str
     nonce: str
     ends: Any = None  # cpu, on the store's node: this rank's ends of the store's mesh
-    store: Any = None  # the store actor's handle (its keys: ray_store.RayStore, cpu_layout)
+    store: Any = None  # the store actor's handle (its keys: ray_store.RayStore, cpu.layout)
     secret: bytes = b""  # cpu: what its links between nodes prove they know
     arena: str = ""  # cpu, on the store's node: the base name of the node's shared workspace
 
@@ -210,7 +210,7 @@ class GroupStore(KVStore):
         me = ray.get_runtime_context().current_actor
         if spec.backend == "cpu" and node == self._node:
             if not state.ends:
-                from cgraph.comm.cpu_mesh import create_links
+                from cgraph.comm.cpu.mesh import create_links
 
                 tag = f"{SHM_TAG_PREFIX}{spec.name}.{self._nonce}"
                 state.channels, state.ends = create_links(tag, "link", spec.world_size)

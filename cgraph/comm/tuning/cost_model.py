@@ -51,7 +51,7 @@ samples have inter-node terms (several layouts).
 ``fit`` recovers (alpha, beta, gamma) by least squares on relative error; beta
 and gamma can only be told apart if some samples reduce a different share of
 the bytes they move (butterfly moves as many bytes as it reduces, the others
-twice as many), which ``cost_samples.sample`` ensures by timing every algorithm.
+twice as many), which the tests' ``fabric.sample`` ensures by timing every algorithm.
 
 Reduce-scatter and all-gather, an allreduce's halves (``collective_terms``, n the
 whole buffer): steps, moved, reduced; a level over k ranks sends k-1 times n/k:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cgraph.comm.process_group import backend_available
 from cgraph.comm.teams import Team
+from cgraph.comm.torch.process_group import backend_available
 from cgraph.comm.types import ReduceOp
 
 
@@ -67,13 +67,13 @@ class Backend:
 
 
 def _cpu_connect(membership: Any, hooks: Any) -> GroupComm:
-    from cgraph.collective.cpu_backend import connect
+    from cgraph.comm.cpu.backend import connect
 
     return connect(membership, hooks)
 
 
 def _torch_connect(membership: Any, hooks: Any) -> GroupComm:
-    from cgraph.collective.torch_backend import connect
+    from cgraph.comm.torch.backend import connect
 
     return connect(membership, hooks)
 

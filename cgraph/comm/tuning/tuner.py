@@ -22,7 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from cgraph.collective.autotune import (
+from cgraph.comm.algorithms import runs_on
+from cgraph.comm.algorithms.reduction_server import DEPTH
+from cgraph.comm.transport import Transport
+from cgraph.comm.tuning import cost_model
+from cgraph.comm.tuning.autotune import (
     FALLBACK,
     TRIAL_MIN_BYTES,
     Arm,
@@ -32,12 +36,8 @@ from cgraph.collective.autotune import (
     size_class,
     trial_arm,
 )
-from cgraph.collective.measurement import FIT_BYTES, REPEATS, Run, ranks_per_node
-from cgraph.comm import cost_model
-from cgraph.comm.algorithms import runs_on
-from cgraph.comm.algorithms.reduction_server import DEPTH
-from cgraph.comm.cost_model import CostParams
-from cgraph.comm.transport import Transport
+from cgraph.comm.tuning.cost_model import CostParams
+from cgraph.comm.tuning.measurement import FIT_BYTES, REPEATS, Run, ranks_per_node
 from cgraph.comm.types import ReduceOp
 
 

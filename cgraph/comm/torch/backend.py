@@ -15,7 +15,7 @@ store (no new rendezvous); building a team's process group waits until every
 team member splits. The backend's own collectives do the work, except an
 allreduce given one of cgraph's algorithms (``algorithm="ring"``,
 ``"reduction_server"``, ...): that runs over the process group's send/recv
-(``comm.pg_transport``), with the ranks' Ray nodes as the node layout, so the
+(``comm.torch.transport``), with the ranks' Ray nodes as the node layout, so the
 reduction server's hierarchy follows the real nodes. "native" is the backend's
 own allreduce; "auto" picks among it and cgraph's algorithms as on the "cpu"
 backend (``tuner.Tuner``: calibrated on the group's first "auto" call, with
@@ -39,15 +39,15 @@ from typing import Any
 
 import numpy as np
 
-from cgraph.collective.backends import Hooks
-from cgraph.collective.tensor_views import working
-from cgraph.collective.tuner import TunedComm, Tuner
 from cgraph.comm import algorithms, signatures
-from cgraph.comm.pg_transport import ProcessGroupTransport
-from cgraph.comm.process_group import process_group
+from cgraph.comm.backends import Hooks
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.teams import Team
+from cgraph.comm.tensor_views import working
+from cgraph.comm.torch.process_group import process_group
+from cgraph.comm.torch.transport import ProcessGroupTransport
 from cgraph.comm.transport import describe_layout
+from cgraph.comm.tuning.tuner import TunedComm, Tuner
 from cgraph.comm.types import ReduceOp, dist_op
 from cgraph.errors import (
     CollectiveError,

@@ -27,8 +27,8 @@ for ``algorithms.shared``'s reads of its peers' tensors (``peer_memory``).
 
 Segments are named ``<base>_<k>`` after the base that the mesh's maker drew
 (``segment_name``: its pid, so the next store or compile on the node frees them
-if that process dies); ``unlink`` removes every generation. ``LocalArena`` is the
-in-process stand-in for ranks that are threads (``LocalTransport``).
+if that process dies); ``unlink`` removes every generation. The tests' stand-in
+for ranks that are threads is ``LocalArena`` in tests/fabric.py.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ POLL_NS = 150_000_000
 """A sleeper in ``meet`` re-checks the closed flag this often (a lost wake-up costs this)."""
 
 
-def _class_of(nbytes: int) -> int:
+def size_class(nbytes: int) -> int:
     return max(nbytes, MIN_CAPACITY - 1).bit_length()
 
 
@@ -80,7 +80,7 @@ class ShmArena:
 
     def view(self, nbytes: int, barrier: Callable[[], None]) -> np.ndarray:
         """A uint8 array of at least ``nbytes`` bytes that every rank of the node maps."""
-        k = _class_of(nbytes)
+        k = size_class(nbytes)
         if self._view is None or k > self._k:
             self._grow(k, barrier)
         assert self._view is not None
@@ -156,23 +156,3 @@ class ShmArena:
     def unlink(self) -> list[str]:
         """Remove every generation of the workspace from /dev/shm."""
         return unlink_channel(self.base)
-
-
-class LocalArena:
-    """The workspace of ranks that are threads of one process (tests, ``LocalTransport``)."""
-
-    def __init__(self, shared: dict[str, np.ndarray], node_rank: int) -> None:
-        self._shared, self._node_rank, self._k, self._turn = shared, node_rank, 0, 1
-
-    def turn(self) -> int:
-        self._turn ^= 1
-        return self._turn
-
-    def view(self, nbytes: int, barrier: Callable[[], None]) -> np.ndarray:
-        k = _class_of(nbytes)
-        if k > self._k:  # every rank of the node decides alike: same sizes, same order
-            if self._node_rank == 0:
-                self._shared["region"] = np.zeros(1 << k, dtype=np.uint8)
-            barrier()
-            self._k = k
-        return self._shared["region"]

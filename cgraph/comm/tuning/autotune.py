@@ -52,17 +52,17 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from cgraph._log import logger
-from cgraph.collective.measurement import FIT_BYTES as FIT_BYTES
-from cgraph.collective.measurement import REPEATS as REPEATS
-from cgraph.collective.measurement import Run as Run
-from cgraph.collective.measurement import measure as measure
-from cgraph.collective.measurement import measure_links as measure_links
-from cgraph.collective.measurement import ranks_per_node as ranks_per_node
-from cgraph.collective.measurement import run_candidate, slowest_rank_times
-from cgraph.comm import cost_model
 from cgraph.comm.algorithms import allreduce, barrier
-from cgraph.comm.cost_model import CostParams, Sample
 from cgraph.comm.transport import Transport
+from cgraph.comm.tuning import cost_model
+from cgraph.comm.tuning.cost_model import CostParams, Sample
+from cgraph.comm.tuning.measurement import FIT_BYTES as FIT_BYTES
+from cgraph.comm.tuning.measurement import REPEATS as REPEATS
+from cgraph.comm.tuning.measurement import Run as Run
+from cgraph.comm.tuning.measurement import measure as measure
+from cgraph.comm.tuning.measurement import measure_links as measure_links
+from cgraph.comm.tuning.measurement import ranks_per_node as ranks_per_node
+from cgraph.comm.tuning.measurement import run_candidate, slowest_rank_times
 from cgraph.comm.types import ReduceOp
 
 FALLBACK = "ring"

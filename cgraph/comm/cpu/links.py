@@ -61,7 +61,7 @@ import numpy as np
 
 from cgraph import _threads
 from cgraph.channels import tls
-from cgraph.comm.socket_pairing import Pairing
+from cgraph.comm.cpu.pairing import Pairing
 from cgraph.comm.transport import byte_view
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 

@@ -2,7 +2,7 @@
 
 A group's store actor makes the mesh (``create_links``: one shm channel per
 ordered pair of ranks) and hands each rank its ends; where the ranks span nodes,
-``cpu_layout`` makes one mesh per node and TCP links between nodes on the first
+``cpu.layout`` makes one mesh per node and TCP links between nodes on the first
 call. ``FramedTransport`` stamps every message with the call it belongs to and
 bounds every wait. Teams
 reuse the mesh through ``TeamTransport`` with their own context, so a team's
@@ -27,15 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from cgraph.collective import cpu_layout
-from cgraph.collective.backends import Hooks
-from cgraph.collective.cpu_layout import Links
-from cgraph.collective.tensor_views import dtype_name
-from cgraph.collective.tuner import TunedComm, Tuner
 from cgraph.comm import algorithms
-from cgraph.comm.framed_transport import FramedTransport
+from cgraph.comm.backends import Hooks
+from cgraph.comm.cpu import layout
+from cgraph.comm.cpu.framed import FramedTransport
+from cgraph.comm.cpu.layout import Links
 from cgraph.comm.teams import Team, TeamTransport
+from cgraph.comm.tensor_views import dtype_name
 from cgraph.comm.transport import Transport, describe_layout, node_layout
+from cgraph.comm.tuning.tuner import TunedComm, Tuner
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
@@ -43,7 +43,7 @@ from cgraph.errors import CollectiveError, CollectiveGroupError
 class _Mesh:
     """What a group and its teams share: the links, the hooks, and why it was aborted.
 
-    The links are settled on first use (``cpu_layout.settle``: where every rank
+    The links are settled on first use (``layout.settle``: where every rank
     sits decides which pairs share memory), so joining never waits for peers.
     """
 
@@ -252,8 +252,8 @@ class CpuComm(TunedComm):
 def connect(membership: Any, hooks: Hooks) -> CpuComm:
     """This rank's ``CpuComm`` from its store ``Membership`` (cpu backend); never waits for peers."""
     spec = membership.spec
-    cpu_layout.announce(membership, hooks.node)
-    mesh = _Mesh(lambda: cpu_layout.settle(membership, hooks.node), hooks)
+    layout.announce(membership, hooks.node)
+    mesh = _Mesh(lambda: layout.settle(membership, hooks.node), hooks)
     return CpuComm(mesh, None, spec.name, membership.rank, spec.world_size)
 
 

@@ -1,7 +1,7 @@
 """A ``Transport`` over shared-memory links whose messages carry the call they belong to.
 
 The "cpu" backend runs cgraph's algorithms over the link mesh of
-``cgraph.comm.cpu_mesh`` (one shm channel per ordered pair of
+``cgraph.comm.cpu.mesh`` (one shm channel per ordered pair of
 ranks, made by the group's store actor). This transport opens one rank's
 ``LinkEnds`` and adds the two things a public API needs on top of bare links:
 
@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 
 from cgraph.channels.segments import unlink_channel
-from cgraph.comm import peer_memory
-from cgraph.comm.arena import ShmArena
-from cgraph.comm.cpu_mesh import LinkEnds
-from cgraph.comm.socket_links import SocketLinks
+from cgraph.comm.cpu import peer_memory
+from cgraph.comm.cpu.arena import ShmArena
+from cgraph.comm.cpu.links import SocketLinks
+from cgraph.comm.cpu.mesh import LinkEnds
 from cgraph.comm.transport import describe_layout
 from cgraph.errors import (
     ChannelClosedError,

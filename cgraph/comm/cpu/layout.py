@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cgraph.channels.segments import segment_name
-from cgraph.collective import rendezvous
-from cgraph.comm.arena import ShmArena
-from cgraph.comm.cpu_mesh import LinkEnds, create_links
-from cgraph.comm.framed_transport import FramedTransport
-from cgraph.comm.peer_watch import PeerWatch
+from cgraph.comm import rendezvous
+from cgraph.comm.cpu.arena import ShmArena
+from cgraph.comm.cpu.framed import FramedTransport
+from cgraph.comm.cpu.mesh import LinkEnds, create_links
+from cgraph.comm.cpu.peer_watch import PeerWatch
 from cgraph.errors import CollectiveTimeoutError
 
 ANSWER_MARGIN_S = 30.0
@@ -148,7 +148,7 @@ def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
     import ray
 
     from cgraph.channels import tls
-    from cgraph.comm import socket_links
+    from cgraph.comm.cpu import links as socket_links
 
     spec, rank = membership.spec, membership.rank
     peers = [r for r in range(spec.world_size) if nodes[r] != nodes[rank]]

@@ -1,0 +1,7 @@
+"""Choosing a collective's algorithm: the cost model, measuring it, and ``algorithm="auto"``.
+
+    cost_model    alpha-beta-gamma predictions of the algorithms, and their fitting
+    measurement   timing candidates on a live group
+    tuner         a group's ``auto`` state: what each backend's communicator keeps
+    autotune      the cost model, fitted to a group's transport, picks the algorithm
+"""
