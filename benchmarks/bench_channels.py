@@ -36,6 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cgraph.channels import ShmChannel  # noqa: E402
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.semaphore import Semaphore  # noqa: E402
 
 FORK = mp.get_context("fork")
@@ -165,13 +166,13 @@ def channel_round_trip(n: int, cpu: int | None) -> dict:
     back = ShmChannel.create(TAG, f"pong{cpu}")
 
     def echo(count):
-        reader, writer = there.reader_handle(0).attach(), back.writer_handle().attach()
+        reader, writer = open_endpoint(there.reader_handle(0)), open_endpoint(back.writer_handle())
         for _ in range(count):
             value = reader.read()
             reader.release()
             writer.write(value)
 
-    writer, reader = there.writer_handle().attach(), back.reader_handle(0).attach()
+    writer, reader = open_endpoint(there.writer_handle()), open_endpoint(back.reader_handle(0))
 
     def wait():
         reader.read()
@@ -188,7 +189,7 @@ def channel_round_trip(n: int, cpu: int | None) -> dict:
 def in_process_hop(n: int) -> dict:
     """write + read + release of a small int, no wake-up: the software cost of a hop."""
     with ShmChannel.create(TAG, "hop") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         samples = []
         for i in range(n + WARMUP):
             t0 = time.perf_counter()
@@ -203,13 +204,13 @@ def in_process_hop(n: int) -> dict:
 def idle_reader_cpu(seconds: float = 3.0) -> dict:
     with ShmChannel.create(TAG, "idle") as ch:
         handle = ch.reader_handle(0)
-        proc = FORK.Process(target=lambda: handle.attach().read(), daemon=True)
+        proc = FORK.Process(target=lambda: open_endpoint(handle).read(), daemon=True)
         proc.start()
         time.sleep(0.5)  # attached and blocked
         before, t0 = cpu_ticks(proc.pid), time.monotonic()
         time.sleep(seconds)
         after, wall = cpu_ticks(proc.pid), time.monotonic() - t0
-        ch.writer_handle().attach().write("wake up")
+        open_endpoint(ch.writer_handle()).write("wake up")
         proc.join(10)
     used = (after - before) / os.sysconf("SC_CLK_TCK")
     return {"blocked_s": round(wall, 2), "cpu_s": used, "cpu_percent": round(100 * used / wall, 3)}
@@ -261,7 +262,7 @@ def memcpy_baselines(src: np.ndarray, repeat: int) -> dict[str, float]:
 
 def channel_throughput_one_process(src: np.ndarray, repeat: int) -> float:
     with ShmChannel.create(TAG, "tput1") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
 
         def hop():
             writer.write(src)
@@ -277,14 +278,14 @@ def channel_throughput_two_processes(src: np.ndarray, repeat: int) -> float:
         count = repeat + warmup
 
         def drain():
-            reader = handle.attach()
+            reader = open_endpoint(handle)
             for _ in range(count):
                 reader.read()
                 reader.release()
 
         proc = FORK.Process(target=drain, daemon=True)
         proc.start()
-        writer = ch.writer_handle().attach()
+        writer = open_endpoint(ch.writer_handle())
         for _ in range(warmup):  # both slots grown and mapped on both sides
             writer.write(src)
         t0 = time.perf_counter()

@@ -30,7 +30,7 @@
  *       post ready[r] for every reader      copy=True: release at once
  *
  * Everything rare returns the ``MISS`` sentinel with ``status`` saying why,
- * and shm_fast.py finishes the job in Python: values that need the
+ * and shm_channel.py finishes the job in Python: values that need the
  * out-of-band pickler (arrays, tensors, anything not a small plain value), a
  * slot that must grow or be mapped, slots holding out-of-band buffers, a
  * closed channel, a failed wait (the errors are Python's).
@@ -731,7 +731,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "cgraph.channels._fastpath",
-    .m_doc = "C hot path of the shared-memory channel (see _fastpath.c and shm_fast.py).",
+    .m_doc = "C hot path of the shared-memory channel (see _fastpath.c and shm_channel.py).",
     .m_size = -1,
     .m_methods = module_methods,
 };

@@ -67,6 +67,5 @@ class ChannelReader(ABC):
 
 
 class ChannelHandle(Protocol):
-    """A picklable description of one endpoint; ``attach`` opens it in this process."""
-
-    def attach(self) -> ChannelWriter | ChannelReader: ...
+    """A picklable description of one endpoint (a frozen dataclass); ``opener.open_endpoint``
+    opens it in the process that uses it."""

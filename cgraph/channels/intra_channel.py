@@ -33,11 +33,6 @@ class IntraHandle:
     max_inflight: int = 1
     reader: int = -1
 
-    def attach(self) -> IntraWriter | IntraReader:
-        """Open this endpoint on the process-local channel named ``key``."""
-        channel = IntraChannel.shared(self.key, self.num_readers, self.max_inflight)
-        return channel.writer() if self.reader < 0 else channel.reader(self.reader)
-
 
 class IntraChannel:
     """A ring of ``max_inflight`` values shared by one writer and N readers."""

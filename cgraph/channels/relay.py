@@ -36,18 +36,6 @@ class RelayHandle:
     shm_writer: ShmHandle
     shm_reader: ShmHandle
 
-    def attach(self) -> RelayReader:
-        from cgraph.channels.socket_reader import SocketReader
-
-        sink = self.shm_writer.attach()
-        try:
-            reader = self.shm_reader.attach()
-            relay = SocketReader(self.socket, sink=sink)
-        except BaseException:
-            sink.detach()
-            raise
-        return RelayReader(reader, relay, sink)
-
 
 class RelayReader(ChannelReader):
     """Reader 0 of the node channel, which also runs the relay that fills it."""

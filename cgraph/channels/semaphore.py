@@ -18,7 +18,7 @@ try-acquire / acquire call its C functions (~0.05 us instead of ~0.35 us per
 ctypes call; the wait sleeps with the GIL released, as ctypes does).
 ``fastpath`` is that module, or None: not built, failed to import, or
 ``CGRAPH_PURE_PYTHON=1`` (read once, at import) asks for the ctypes path.
-shm_fast.py builds the channel's own C hot path on the same module.
+shm_channel.py's Fast endpoints build the channel's own C hot path on the same module.
 """
 
 from __future__ import annotations

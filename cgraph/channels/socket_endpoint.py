@@ -49,17 +49,6 @@ class SocketHandle:
     peer: str = ""  # the other end, for messages: "writer a (Worker) on node 3f2a..."
     tls: bool = False  # every connection runs TLS first (``tls``)
 
-    def attach(self) -> Any:
-        """Open this endpoint in the calling process; never waits for the peer.
-
-        Raises:
-            ChannelClosedError: the control server cannot be reached (its owner exited).
-        """
-        from cgraph.channels.socket_channel import SocketWriter  # the one module knowing both
-        from cgraph.channels.socket_reader import SocketReader
-
-        return SocketReader(self) if self.reader else SocketWriter(self)
-
     @property
     def role(self) -> str:
         return "r" if self.reader else "w"
@@ -119,7 +108,7 @@ class Endpoint:
                 sock.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_attach, (self._handle,))
+        return (type(self), (self._handle,))  # opens it again where unpickled
 
     def _poll_control(self) -> bool:
         """Take in what the server sent, without waiting; True once closed (or detached)."""
@@ -193,10 +182,6 @@ class Endpoint:
             f"timed out after {timeout}s waiting to {self._what} socket channel "
             f"{self._handle.name} ({why}); the channel is unchanged, retry or raise the timeout"
         )
-
-
-def _attach(handle: SocketHandle) -> Any:
-    return handle.attach()
 
 
 def _dial(handle: SocketHandle, role: str) -> socket.socket:

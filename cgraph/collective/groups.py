@@ -27,7 +27,8 @@ from typing import Any
 import ray
 
 from cgraph.comm import rendezvous, teams
-from cgraph.comm.backends import Backend, GroupComm, Hooks, backend
+from cgraph.comm.backends import Backend, backend
+from cgraph.comm.group import GroupComm, Hooks
 from cgraph.comm.rendezvous import GroupSpec, Membership
 from cgraph.errors import CollectiveError, CollectiveGroupError
 

@@ -6,7 +6,8 @@
     signatures     call signatures, compared across ranks before a collective
     algorithms     star, chain, tree, butterfly, ring, reduction server (numpy, any transport)
     teams          sub-teams of a transport (strided, 2-D, one per node)
-    backends       the imperative API's backends, one row per name; ``GroupComm``, what each returns
+    group          ``GroupComm``: one rank's side of an imperative group, what every backend returns
+    backends       the imperative API's backends, one row per name
     rendezvous     one small named store actor per collective group: membership and keys
     ray_store      the store's server and a torch ``Store`` whose keys live in that Ray actor
     tensor_views   working views of the caller's tensors in the kind a backend computes on

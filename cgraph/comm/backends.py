@@ -1,7 +1,8 @@
 """The backends of the imperative API, one row per backend name.
 
 A backend turns a ``Membership`` (what the group's store handed this rank)
-into a ``GroupComm``: the object that runs the group's calls in this process.
+into a ``GroupComm`` (``comm.group``): the object that runs the group's calls in
+this process.
 
     backend  tensors           transport                      allreduce algorithms
     cpu      numpy (host)      shm links in a node, TCP between   cgraph's (ALGORITHMS; "auto")
@@ -14,45 +15,12 @@ The API converts the caller's tensors (numpy, torch, cupy) to the kind in the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from cgraph.comm.teams import Team
+from cgraph.comm.group import GroupComm, Hooks
 from cgraph.comm.torch.process_group import backend_available
-from cgraph.comm.types import ReduceOp
-
-
-class GroupComm(Protocol):
-    """One rank's side of a group (or team): blocking, in-place calls on the backend's tensors."""
-
-    rank: int
-    world_size: int
-    nodes: tuple[Hashable, ...]
-
-    def allreduce(self, tensor: Any, op: ReduceOp, algorithm: str) -> None: ...
-    def reduce(self, tensor: Any, dst: int, op: ReduceOp) -> None: ...
-    def broadcast(self, tensor: Any, src: int) -> None: ...
-    def allgather(self, outs: Sequence[Any], tensor: Any, algorithm: str = "auto") -> None: ...
-    def reducescatter(self, out: Any, parts: Sequence[Any], op: ReduceOp,
-                      algorithm: str = "auto") -> None: ...
-    def send(self, tensor: Any, dst: int) -> None: ...
-    def recv(self, tensor: Any, src: int) -> None: ...
-    def barrier(self) -> None: ...
-    def split(self, team: Team) -> GroupComm:
-        """The comm of ``team`` (ranks of this comm), on this comm's transport."""
-        ...
-    def destroy(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Hooks:
-    """What a backend may ask of the group layer: this process's node, the abort channel."""
-
-    group: str
-    node: str  # this process's Ray node id
-    report_abort: Callable[[str], None]  # tell the store why this rank gives up
-    abort_reason: Callable[[], str | None]  # why another rank gave up, if it said
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import Communicator
 from cgraph.comm.cpu.mesh import LinkEnds, create_links
@@ -261,7 +262,7 @@ class CudaIpcCommunicator(Communicator):
 
 
 def _attach(handles: tuple[Any, ...]) -> list[Any]:
-    return [h.attach() if h is not None else None for h in handles]
+    return [open_endpoint(h) if h is not None else None for h in handles]
 
 
 def _take(reader: Any) -> Any:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cgraph import _threads
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.segments import create_segment, open_segment, segment_name, unlink_quietly
 from cgraph.channels.shm_channel import ShmHandle
 from cgraph.errors import ChannelClosedError, CommunicatorError
@@ -180,7 +181,7 @@ class GroupFaults:
 
         def wait() -> None:
             try:
-                reader = group.control.attach()
+                reader = open_endpoint(group.control)
                 try:
                     reader.read()
                 finally:
@@ -262,7 +263,7 @@ class GroupFaults:
         group, comm = self.groups[name]
         if isinstance(group.control, ShmHandle):
             try:
-                reader = group.control.attach()
+                reader = open_endpoint(group.control)
             except ChannelClosedError:  # torn down already
                 return
             reader.close()

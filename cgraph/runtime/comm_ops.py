@@ -48,6 +48,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cgraph.channels.opener import open_endpoint
 from cgraph.comm import signatures
 from cgraph.comm.communicator import as_reduce_op
 from cgraph.comm.streams import Body, InlineStreams, streams_of
@@ -99,10 +100,10 @@ class CommState:
             comm = self.comms[name] = open_group(group)
             self.engines[id(comm)] = streams_of(comm)
             self.faults.watch(name, group, comm)
-        self.writers = {k: EdgeWriter(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node)
+        self.writers = {k: EdgeWriter(self.comms[e.group], e.peer_rank, open_endpoint(e.side), e.hint, e.node)
                         for k, e in program.sends.items()}
         viewable = last_link_reads(ctx.program.ops, program)
-        self.readers = {k: EdgeReader(self.comms[e.group], e.peer_rank, e.side.attach(), e.hint, e.node,
+        self.readers = {k: EdgeReader(self.comms[e.group], e.peer_rank, open_endpoint(e.side), e.hint, e.node,
                                       view_last=k in viewable)
                         for k, e in program.recvs.items()}
         self.viewing = [r for r in self.readers.values() if r.viewer is not None]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.relay import RelayHandle
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle, ShmReader
 from cgraph.errors import ChannelClosedError, CompileError
@@ -226,11 +227,11 @@ def create_channel(spec: Any, *, tag: str, options: CompileOptions, secret: byte
 
 
 def open_reader(handle: Any) -> Any:
-    return handle.attach()
+    return open_endpoint(handle)
 
 
 def open_writer(handle: Any) -> Any:
-    return handle.attach()
+    return open_endpoint(handle)
 
 
 class FanOutWriter:

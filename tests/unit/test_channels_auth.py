@@ -33,6 +33,7 @@ from cgraph.channels.handshake import (
     prove,
     refused_connections,
 )
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.socket_reader import FRAME
 from cgraph.errors import ChannelClosedError, ChannelLostError
 
@@ -248,7 +249,7 @@ def authenticated_writer(addr, ch):
 
 
 def test_strangers_at_the_readers_door_steal_nothing(server, channel):
-    reader = channel.reader_handle().attach()
+    reader = open_endpoint(channel.reader_handle())
     addr = listener_of(server, channel)
     before = refused_connections()
     silent = socket.create_connection(addr)  # first in, never speaks
@@ -257,7 +258,7 @@ def test_strangers_at_the_readers_door_steal_nothing(server, channel):
     wrong = socket.create_connection(addr)
     with pytest.raises(RefusedError):
         prove(wrong, new_secret(), f"data {channel.handle.name} w".encode(), time.monotonic() + 5)
-    writer = channel.writer_handle().attach()
+    writer = open_endpoint(channel.writer_handle())
     writer.write("from the writer", timeout=10)
     assert reader.read(timeout=10) == "from the writer"
     assert closed_by_peer(garbage) and closed_by_peer(silent) and closed_by_peer(wrong)
@@ -270,7 +271,7 @@ def test_strangers_at_the_readers_door_steal_nothing(server, channel):
 
 @pytest.mark.parametrize("who", ["writer", "reader"])
 def test_a_forged_control_line_closes_nothing(server, channel, who):
-    reader = channel.reader_handle().attach()
+    reader = open_endpoint(channel.reader_handle())
     addr = listener_of(server, channel)
     for attack in (f"HELLO {channel.handle.name} o\nCLOSE\n",
                    f"HELLO {channel.handle.name} r 127.0.0.1 1\n"):
@@ -280,7 +281,7 @@ def test_a_forged_control_line_closes_nothing(server, channel, who):
         assert closed_by_peer(stranger)
         stranger.close()
     assert not channel.closed and listener_of(server, channel) == addr
-    writer = channel.writer_handle().attach()
+    writer = open_endpoint(channel.writer_handle())
     writer.write(7, timeout=10)
     assert reader.read(timeout=10) == 7
     writer.detach()
@@ -292,7 +293,7 @@ def _maxrss_bytes():
 
 
 def test_an_authenticated_frame_over_the_bound_is_refused_before_allocation(server, channel):
-    reader = channel.reader_handle().attach()
+    reader = open_endpoint(channel.reader_handle())
     sock = authenticated_writer(listener_of(server, channel), channel)
     peak = _maxrss_bytes()
     sock.sendall(FRAME.pack(1 << 30))  # 1 GiB, over max_value_bytes=1 MiB
@@ -307,7 +308,7 @@ def test_a_value_stalled_half_way_is_reported_as_a_lost_writer(server, channel, 
     import cgraph.channels.socket_reader as socket_reader
 
     monkeypatch.setattr(socket_reader, "LOST_PEER_S", 0.5)
-    reader = channel.reader_handle().attach()
+    reader = open_endpoint(channel.reader_handle())
     sock = authenticated_writer(listener_of(server, channel), channel)
     sock.sendall(FRAME.pack(1000) + bytes(10))
     with pytest.raises(ChannelLostError, match="no byte of a value"):
@@ -317,7 +318,7 @@ def test_a_value_stalled_half_way_is_reported_as_a_lost_writer(server, channel, 
 
 
 def test_a_reader_returning_more_credits_than_values_breaks_the_stream(server, channel):
-    writer = channel.writer_handle().attach()
+    writer = open_endpoint(channel.writer_handle())
     listener = socket.create_server(("127.0.0.1", 0))
     with server._lock:  # the server says the fake reader listens there
         for conn in server._channels[channel.handle.name].conns:
@@ -351,7 +352,7 @@ def test_fuzzed_frames_from_an_authenticated_peer_end_cleanly(server, chunks, si
     """Truncated and random frames, some with plausible sizes: each ends in values or a
     clean error, in bounded time and memory; never a crash or a hang."""
     ch = SocketChannel.create(server, f"f{uuid.uuid4().hex[:8]}", "x", max_value_bytes=1 << 20)
-    reader = ch.reader_handle().attach()
+    reader = open_endpoint(ch.reader_handle())
     sock = authenticated_writer(listener_of(server, ch), ch)
     peak = _maxrss_bytes()
     sock.sendall(FRAME.pack(size) + b"".join(chunks))

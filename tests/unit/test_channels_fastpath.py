@@ -1,4 +1,4 @@
-"""The shm channel's C fast path (``_fastpath.c`` + shm_fast.py) against the Python path.
+"""The shm channel's C fast path (``_fastpath.c`` + the Fast endpoints of shm_channel.py) against the Python path.
 
 "Fast" endpoints are what ``attach()`` opens when the extension is built;
 "pure" endpoints are the Python classes (``ShmWriter`` / ``ShmReader``) opened
@@ -25,6 +25,7 @@ import pytest
 
 from cgraph.channels import serialization
 from cgraph.channels import shm_layout as shm
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.segments import SHM_DIR
 from cgraph.channels.semaphore import Semaphore, fastpath
 from cgraph.channels.shm_channel import FASTPATH, ShmChannel, ShmReader, ShmWriter
@@ -32,7 +33,7 @@ from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 from tests.unit.child_process import finish, run
 
 if FASTPATH:  # a CGRAPH_PURE_PYTHON=1 child imports this module too
-    from cgraph.channels.shm_fast import FastShmReader, FastShmWriter
+    from cgraph.channels.shm_channel import FastShmReader, FastShmWriter
 
 needs_c = pytest.mark.skipif(not FASTPATH, reason="C extension not built, or CGRAPH_PURE_PYTHON")
 SPAWN = mp.get_context("spawn")
@@ -81,7 +82,7 @@ def slot_bytes(ch, reader):
 
 # --------------------------------------------------------------------------- children
 def _read_n(handle, count, pure):
-    reader = ShmReader(handle) if pure else handle.attach()
+    reader = ShmReader(handle) if pure else open_endpoint(handle)
     got = []
     for _ in range(count):
         value = reader.read(timeout=20)
@@ -91,7 +92,7 @@ def _read_n(handle, count, pure):
 
 
 def _write_values(handle, values, pure):
-    writer = ShmWriter(handle) if pure else handle.attach()
+    writer = ShmWriter(handle) if pure else open_endpoint(handle)
     for value in values:
         writer.write(value, timeout=20)
     return type(writer).__name__
@@ -121,8 +122,8 @@ def test_layout_constants_match_the_python_code():
 @needs_c
 def test_attach_opens_the_c_endpoints(tag):
     with ShmChannel.create(tag, "kind") as ch:
-        assert type(ch.writer_handle().attach()) is FastShmWriter
-        reader = ch.reader_handle(0).attach()
+        assert type(open_endpoint(ch.writer_handle())) is FastShmWriter
+        reader = open_endpoint(ch.reader_handle(0))
         assert type(reader) is FastShmReader and isinstance(reader, ShmReader)
 
 
@@ -193,8 +194,8 @@ def test_other_values_fall_back_to_python_with_c_endpoints(tag, value):
 @needs_c
 def test_large_bytes_grow_the_slot_then_the_c_path_reuses_it(tag):
     with ShmChannel.create(tag, "grow", num_readers=2, max_inflight=1, buffer_size=4096) as ch:
-        writer = ch.writer_handle().attach()
-        fast, pure = ch.reader_handle(0).attach(), ShmReader(ch.reader_handle(1))
+        writer = open_endpoint(ch.writer_handle())
+        fast, pure = open_endpoint(ch.reader_handle(0)), ShmReader(ch.reader_handle(1))
         for size, status in [(10, None), (100_000, fastpath.FALLBACK), (90_000, DONE), (10, DONE)]:
             value = os.urandom(size)
             writer.write(value, timeout=5)
@@ -209,7 +210,7 @@ def test_large_bytes_grow_the_slot_then_the_c_path_reuses_it(tag):
 @needs_c
 def test_numpy_arrays_stay_zero_copy_views_with_c_endpoints(tag):
     with ShmChannel.create(tag, "view", max_inflight=2) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         for i in range(4):
             a = np.arange(1000.0) + i
             writer.write(a)
@@ -284,7 +285,7 @@ def test_c_endpoint_talks_to_a_pure_python_process(tag, c_side, monkeypatch):
 @needs_c
 def test_close_wakes_a_reader_blocked_in_c(tag):
     with ShmChannel.create(tag, "close-r") as ch:
-        reader, errors = ch.reader_handle(0).attach(), []
+        reader, errors = open_endpoint(ch.reader_handle(0)), []
         thread = threading.Thread(target=lambda: errors.append(_catch(reader.read)))
         thread.start()
         time.sleep(0.3)  # blocked in sem_clockwait, GIL released: this thread runs
@@ -298,7 +299,7 @@ def test_close_wakes_a_reader_blocked_in_c(tag):
 @needs_c
 def test_close_wakes_a_writer_blocked_in_c(tag):
     with ShmChannel.create(tag, "close-w", max_inflight=1) as ch:
-        writer, out = ch.writer_handle().attach(), []
+        writer, out = open_endpoint(ch.writer_handle()), []
         thread = threading.Thread(target=_write_until_closed, args=(writer, out))
         thread.start()
         time.sleep(0.3)  # one value written, the second write waits for a free slot
@@ -311,7 +312,7 @@ def test_close_wakes_a_writer_blocked_in_c(tag):
 @needs_c
 def test_a_closed_flag_without_a_post_is_seen_within_a_poll(tag):
     with ShmChannel.create(tag, "lost") as ch:
-        reader, errors = ch.reader_handle(0).attach(), []
+        reader, errors = open_endpoint(ch.reader_handle(0)), []
         thread = threading.Thread(target=lambda: errors.append(_catch(reader.read)))
         thread.start()
         time.sleep(0.2)
@@ -323,8 +324,8 @@ def test_a_closed_flag_without_a_post_is_seen_within_a_poll(tag):
 @needs_c
 def test_timeouts_in_c_raise_and_leave_the_channel_usable(tag):
     with ShmChannel.create(tag, "timeout", num_readers=2, max_inflight=1) as ch:
-        writer = ch.writer_handle().attach()
-        r0, r1 = ch.reader_handle(0).attach(), ch.reader_handle(1).attach()
+        writer = open_endpoint(ch.writer_handle())
+        r0, r1 = open_endpoint(ch.reader_handle(0)), open_endpoint(ch.reader_handle(1))
         start = time.monotonic()
         with pytest.raises(ChannelTimeoutError):
             r0.read(timeout=0.1)
@@ -346,7 +347,7 @@ def test_timeouts_in_c_raise_and_leave_the_channel_usable(tag):
 @needs_c
 def test_writer_in_c_runs_max_inflight_ahead_then_blocks(tag):
     with ShmChannel.create(tag, "pipe", max_inflight=2) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         progress = []
 
         def write_five():
@@ -393,7 +394,7 @@ def test_a_signal_handler_interrupts_a_c_wait_and_the_channel_survives(tag):
     main = threading.main_thread().ident
     try:
         with ShmChannel.create(tag, "signal", max_inflight=1) as ch:
-            writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+            writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
             for role in ("reader", "writer"):
                 timer = threading.Timer(0.2, signal.pthread_kill, (main, signal.SIGUSR1))
                 timer.start()
@@ -427,7 +428,7 @@ class _BadOnRead:
 @needs_c
 def test_an_unpickling_error_in_c_releases_the_slot(tag):
     with ShmChannel.create(tag, "bad") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         writer.write(_BadOnRead())  # pickled in Python (not small), unpickled in C
         with pytest.raises(RuntimeError, match="cannot rebuild"):
             reader.read()
@@ -439,7 +440,7 @@ def test_an_unpickling_error_in_c_releases_the_slot(tag):
 @needs_c
 def test_detached_c_endpoints_refuse_to_work(tag):
     with ShmChannel.create(tag, "detach") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         writer.write(1)
         assert reader.read() == 1
         reader.detach()  # releases the slot too
@@ -455,7 +456,7 @@ def test_detached_c_endpoints_refuse_to_work(tag):
 def test_the_c_path_leaks_no_references(tag):
     value, sentinel = ("abc", {"k": 12345678901}), fastpath.MISS
     with ShmChannel.create(tag, "refs", max_inflight=2, buffer_size=4096) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         views = reader._slots.views
         for _ in range(3):
             writer.write(value)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cgraph.channels import ShmChannel
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.segments import SHM_DIR
 from cgraph.channels.shm_channel import FASTPATH, ShmReader, ShmWriter
 from cgraph.errors import ChannelTimeoutError
@@ -25,7 +26,7 @@ KINDS = ["python", pytest.param("fast", marks=pytest.mark.skipif(not FASTPATH, r
 def endpoints(kind: str, channel: ShmChannel, reader: int | None = None):
     handle = channel.reader_handle(reader) if reader is not None else channel.writer_handle()
     if kind == "fast":
-        return handle.attach()
+        return open_endpoint(handle)
     return ShmReader(handle) if reader is not None else ShmWriter(handle)
 
 

@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from cgraph.channels import IntraChannel, IntraHandle
+from cgraph.channels.opener import open_endpoint
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 
 
@@ -95,15 +96,15 @@ def test_close_wakes_a_blocked_thread(role):
 
 def test_handles_pickle_and_meet_in_the_process_registry():
     key = f"g/{uuid.uuid4().hex}"
-    w = pickle.loads(pickle.dumps(IntraHandle(key, max_inflight=2))).attach()
-    r = pickle.loads(pickle.dumps(IntraHandle(key, max_inflight=2, reader=0))).attach()
+    w = open_endpoint(pickle.loads(pickle.dumps(IntraHandle(key, max_inflight=2))))
+    r = open_endpoint(pickle.loads(pickle.dumps(IntraHandle(key, max_inflight=2, reader=0))))
     w.write([1, 2])
     assert r.read() == [1, 2]
     assert w.channel is r.channel
     with pytest.raises(ValueError, match="different layout"):
-        IntraHandle(key, max_inflight=3).attach()
+        open_endpoint(IntraHandle(key, max_inflight=3))
     w.channel.unlink()
-    assert IntraHandle(key, max_inflight=2).attach().channel is not w.channel
+    assert open_endpoint(IntraHandle(key, max_inflight=2)).channel is not w.channel
     IntraChannel.shared(key, 1, 2).unlink()
 
 
@@ -114,3 +115,8 @@ def test_released_values_are_not_kept_alive():
     reader.read()
     reader.release()
     assert ch._ring == [None]
+
+
+def test_the_opener_refuses_what_is_no_handle_and_names_it():
+    with pytest.raises(TypeError, match="not a channel handle: dict"):
+        open_endpoint({"name": "x"})

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cgraph.channels import ControlServer, ShmChannel, SocketChannel
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.relay import RelayHandle
 from cgraph.errors import ChannelClosedError, ChannelLostError, ChannelTimeoutError
 from tests.unit.child_process import FORK, finish, run
@@ -36,11 +37,11 @@ def relay():
 
 def gateway(sock, land):
     handle = RelayHandle(sock.reader_handle(), land.writer_handle(), land.reader_handle(0))
-    return handle.attach()
+    return open_endpoint(handle)
 
 
 def _write_all(handle, values, exit_after=False):
-    writer = handle.attach()
+    writer = open_endpoint(handle)
     for value in values:
         writer.write(value, timeout=20)
     if exit_after:
@@ -62,7 +63,7 @@ def in_shm(arr, name):
 
 def test_every_reader_gets_every_value_as_a_view_of_the_nodes_memory(relay):
     sock, land = relay
-    first, second = gateway(sock, land), land.reader_handle(1).attach()
+    first, second = gateway(sock, land), open_endpoint(land.reader_handle(1))
     values = [np.arange(n, dtype=np.float32) for n in (10, 1 << 20, 3)]  # 4 MiB grows the slot
     proc, out = run(_write_all, sock.writer_handle(), values)
     for want in values:
@@ -78,8 +79,8 @@ def test_every_reader_gets_every_value_as_a_view_of_the_nodes_memory(relay):
 
 def test_the_writer_waits_before_a_value_until_the_slowest_reader_releases(relay):
     sock, land = relay
-    first, second = gateway(sock, land), land.reader_handle(1).attach()
-    writer = sock.writer_handle().attach()
+    first, second = gateway(sock, land), open_endpoint(land.reader_handle(1))
+    writer = open_endpoint(sock.writer_handle())
     writer.write(0, timeout=10)
     writer.write(1, timeout=10)
     assert first.read(timeout=10) == 0 and second.read(timeout=10) == 0
@@ -97,7 +98,7 @@ def test_the_writer_waits_before_a_value_until_the_slowest_reader_releases(relay
 
 def test_a_lost_writer_is_named_by_the_gateway_and_closes_the_landing(relay):
     sock, land = relay
-    first, second = gateway(sock, land), land.reader_handle(1).attach()
+    first, second = gateway(sock, land), open_endpoint(land.reader_handle(1))
     proc = FORK.Process(target=_write_all, args=(sock.writer_handle(), [5], True), daemon=True)
     proc.start()
     proc.join(10)
@@ -114,8 +115,8 @@ def test_a_lost_writer_is_named_by_the_gateway_and_closes_the_landing(relay):
 def test_closing_the_landing_ends_a_relay_waiting_for_a_slot(relay):
     sock, land = relay
     first = gateway(sock, land)
-    second = land.reader_handle(1).attach()
-    writer = sock.writer_handle().attach()
+    second = open_endpoint(land.reader_handle(1))
+    writer = open_endpoint(sock.writer_handle())
     for i in range(2):
         writer.write(i, timeout=10)
     time.sleep(0.2)  # the relay now waits for a free slot (nobody read)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cgraph.channels import ShmChannel, ShmHandle, cleanup_stale_segments, segment_name
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.segments import SHM_DIR
 from cgraph.channels.shm_channel import POLL_S
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
@@ -58,7 +59,7 @@ def mapping_of(address):
 
 # --------------------------------------------------------------------------- children
 def _read_all(handle, count):
-    reader = handle.attach()
+    reader = open_endpoint(handle)
     sums = []
     for _ in range(count):
         value = reader.read()
@@ -68,7 +69,7 @@ def _read_all(handle, count):
 
 
 def _write_counting(handle, count, progress):
-    writer = handle.attach()
+    writer = open_endpoint(handle)
     for i in range(count):
         writer.write(i)
         progress.value = i + 1
@@ -76,7 +77,7 @@ def _write_counting(handle, count, progress):
 
 
 def _block_then_report(handle):
-    endpoint = handle.attach()
+    endpoint = open_endpoint(handle)
     start = time.monotonic()
     try:
         for i in range(3):  # the writer blocks on its second write (max_inflight=1)
@@ -88,13 +89,13 @@ def _block_then_report(handle):
 
 def _create_and_die(tag):
     ch = ShmChannel.create(tag, "orphan")
-    w = ch.writer_handle().attach()
+    w = open_endpoint(ch.writer_handle())
     w.write(np.ones(1 << 16))  # also leaves a data generation behind
     os._exit(0)
 
 
 def _grow_in_child(handle):
-    writer = handle.attach()
+    writer = open_endpoint(handle)
     for n in (10, 100_000, 1_000_000, 10):
         writer.write(np.ones(n))
     return True
@@ -110,7 +111,7 @@ VALUES = [
 
 def test_round_trip_many_types_in_one_process(tag):
     with ShmChannel.create(tag, "rt", buffer_size=4096) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         for value in VALUES:
             writer.write(value)
             got = reader.read()
@@ -128,7 +129,7 @@ def test_torch_tensors_through_the_channel(tag):
     torch = pytest.importorskip("torch")
     values = [torch.arange(10, dtype=torch.bfloat16), torch.randn(3, 4).T, torch.tensor(2)]
     with ShmChannel.create(tag, "torch") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         for t in values:
             writer.write(t)
             got = reader.read()
@@ -139,7 +140,7 @@ def test_torch_tensors_through_the_channel(tag):
 
 def test_reader_gets_a_zero_copy_view_into_the_slot(tag):
     with ShmChannel.create(tag, "view") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         a = np.arange(1000.0)
         writer.write(a)
         got = reader.read()
@@ -152,7 +153,7 @@ def test_reader_gets_a_zero_copy_view_into_the_slot(tag):
 def test_grow_once_then_reuse_and_old_views_stay_valid(tag):
     name = segment_name(tag, "grow")
     with ShmChannel.create(tag, "grow", buffer_size=4096) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         writer.write(np.full(10, 1.0))
         small = reader.read()
         reader.release()
@@ -173,7 +174,7 @@ def test_one_writer_three_readers_across_processes(tag):
     count = 60
     with ShmChannel.create(tag, "fan", num_readers=3, max_inflight=2, buffer_size=4096) as ch:
         children = [run(_read_all, ch.reader_handle(i), count) for i in range(3)]
-        writer = ch.writer_handle().attach()
+        writer = open_endpoint(ch.writer_handle())
         expected = []
         for i in range(count):
             value = np.full(i * 500, i, dtype=np.int64) if i % 2 else i  # grows as it goes
@@ -187,7 +188,7 @@ def test_writer_runs_ahead_max_inflight_then_blocks_until_release(tag):
     with ShmChannel.create(tag, "pipe", max_inflight=3) as ch:
         progress = FORK.Value("i", 0)
         proc, out = run(_write_counting, ch.writer_handle(), 6, progress)
-        reader = ch.reader_handle(0).attach()
+        reader = open_endpoint(ch.reader_handle(0))
         deadline = time.monotonic() + 10
         while progress.value < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -227,8 +228,8 @@ def test_a_lost_wakeup_is_caught_by_the_periodic_recheck(tag):
 
 def test_timeouts_leave_the_channel_consistent(tag):
     with ShmChannel.create(tag, "timeout", num_readers=2, max_inflight=1) as ch:
-        writer = ch.writer_handle().attach()
-        r0, r1 = ch.reader_handle(0).attach(), ch.reader_handle(1).attach()
+        writer = open_endpoint(ch.writer_handle())
+        r0, r1 = open_endpoint(ch.reader_handle(0)), open_endpoint(ch.reader_handle(1))
         with pytest.raises(ChannelTimeoutError):
             r0.read(timeout=0.05)
         writer.write("a")
@@ -254,7 +255,7 @@ class _BadOnRead:
 
 def test_errors_in_values_do_not_wedge_the_channel(tag):
     with ShmChannel.create(tag, "bad") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         with pytest.raises(TypeError):
             writer.write(threading.Lock())  # unpicklable: nothing written, no slot taken
         writer.write(_BadOnRead())
@@ -266,7 +267,7 @@ def test_errors_in_values_do_not_wedge_the_channel(tag):
 
 def test_closed_channel_refuses_everything(tag):
     with ShmChannel.create(tag, "closed") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         writer.write(1)
         reader.close()
         assert ch.closed
@@ -275,7 +276,7 @@ def test_closed_channel_refuses_everything(tag):
         with pytest.raises(ChannelClosedError):
             reader.read()
     with pytest.raises(ChannelClosedError, match="no such segment"):
-        ch.reader_handle(0).attach()  # unlinked
+        open_endpoint(ch.reader_handle(0))  # unlinked
 
 
 def test_handles_and_endpoints_pickle_into_a_fresh_interpreter(tag):
@@ -283,7 +284,7 @@ def test_handles_and_endpoints_pickle_into_a_fresh_interpreter(tag):
         handle = pickle.loads(pickle.dumps(ch.reader_handle(0)))
         assert isinstance(handle, ShmHandle) and handle.reader == 0
         proc, out = run(_read_all, handle, 3, ctx=SPAWN)
-        writer = pickle.loads(pickle.dumps(ch.writer_handle().attach()))
+        writer = pickle.loads(pickle.dumps(open_endpoint(ch.writer_handle())))
         for value in (np.arange(4.0), 5, np.ones((100, 100))):
             writer.write(value, timeout=20)
         assert finish(proc, out, timeout=60) == [6.0, 5, 10000.0]
@@ -327,7 +328,7 @@ def test_read_copy_outlives_the_slot_and_is_writable():
     from cgraph.channels.shm_channel import ShmChannel
 
     with ShmChannel.create("copytest", "c", num_readers=1, max_inflight=1) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle(0).attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle(0))
         writer.write({"a": np.arange(6.0)})
         got = reader.read(copy=True)  # released at once: the writer may reuse the slot
         writer.write({"a": np.zeros(6)}, timeout=5)

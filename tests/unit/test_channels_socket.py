@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from cgraph.channels import ControlServer, SocketChannel, SocketHandle, SocketReader, SocketWriter
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.serialization import dumps, pack_into, payload_chunks
 from cgraph.channels.socket_reader import FRAME
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
@@ -94,7 +95,7 @@ def detach_all(*endpoints):
 
 # --------------------------------------------------------------------------- children
 def _echo(in_handle, out_handle, count):
-    reader, writer = in_handle.attach(), out_handle.attach()
+    reader, writer = open_endpoint(in_handle), open_endpoint(out_handle)
     for _ in range(count):
         writer.write(reader.read(timeout=20), timeout=20)
     detach_all(reader, writer)
@@ -103,7 +104,7 @@ def _echo(in_handle, out_handle, count):
 
 def _read_n(handle, count, delay=0.0):
     time.sleep(delay)
-    reader = handle.attach()
+    reader = open_endpoint(handle)
     values = [reader.read(timeout=20) for _ in range(count)]
     reader.detach()
     return [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
@@ -111,7 +112,7 @@ def _read_n(handle, count, delay=0.0):
 
 def _write_n(handle, values, delay=0.0):
     time.sleep(delay)
-    writer = handle.attach()
+    writer = open_endpoint(handle)
     for value in values:
         writer.write(value, timeout=20)
     writer.detach()
@@ -119,7 +120,7 @@ def _write_n(handle, values, delay=0.0):
 
 
 def _write_counting(handle, count, progress):
-    writer = handle.attach()
+    writer = open_endpoint(handle)
     for i in range(count):
         writer.write(i, timeout=20)
         progress.value = i + 1
@@ -128,7 +129,7 @@ def _write_counting(handle, count, progress):
 
 
 def _block_then_report(handle, mode):
-    endpoint = handle.attach()
+    endpoint = open_endpoint(handle)
     start = time.monotonic()
     try:
         if mode == "reader":
@@ -147,7 +148,7 @@ def _block_then_report(handle, mode):
 
 
 def _read_one_then_stop(handle):
-    handle.attach().read(timeout=20)
+    open_endpoint(handle).read(timeout=20)
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -161,13 +162,13 @@ def stopping_reader(handle):
 
 
 def _read_one_and_die(handle):
-    reader = handle.attach()
+    reader = open_endpoint(handle)
     reader.read(timeout=20)
     os._exit(0)
 
 
 def _write_and_die(handle, values, mid_value):
-    writer = handle.attach()
+    writer = open_endpoint(handle)
     for value in values:
         writer.write(value, timeout=20)
     if mid_value:  # die with part of a value sent: its size, then a tenth of it
@@ -176,14 +177,14 @@ def _write_and_die(handle, values, mid_value):
 
 
 def _attach_and_die(handle):
-    handle.attach()
+    open_endpoint(handle)
     os._exit(0)
 
 
 def _shared_server_in_child(tag):
     server = ControlServer.shared()
     with SocketChannel.create(server, tag, "child") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         writer.write("in the child")
         got = reader.read(timeout=10)
         detach_all(writer, reader)
@@ -225,7 +226,7 @@ def test_values_round_trip_exactly_across_a_fork(server, tag):
     there = SocketChannel.create(server, tag, "there", max_inflight=2)
     back = SocketChannel.create(server, tag, "back", max_inflight=2)
     proc, out = run(_echo, there.reader_handle(), back.writer_handle(), len(values))
-    writer, reader = there.writer_handle().attach(), back.reader_handle().attach()
+    writer, reader = open_endpoint(there.writer_handle()), open_endpoint(back.reader_handle())
     for value in values:
         writer.write(value, timeout=20)
         assert_same(reader.read(timeout=20), value)
@@ -235,7 +236,7 @@ def test_values_round_trip_exactly_across_a_fork(server, tag):
 
 def test_values_read_are_private_and_writable(server, tag):
     with SocketChannel.create(server, tag, "private") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         a, t = np.arange(4.0), torch.arange(4.0)
         writer.write({"a": a, "t": t})
         got = reader.read(timeout=5, copy=False)
@@ -260,7 +261,7 @@ def test_writer_runs_max_inflight_ahead_then_blocks_until_a_read(server, tag):
     with SocketChannel.create(server, tag, "pipe", max_inflight=3) as ch:
         progress = FORK.Value("i", 0)
         proc, out = run(_write_counting, ch.writer_handle(), 6, progress)
-        reader = ch.reader_handle().attach()
+        reader = open_endpoint(ch.reader_handle())
         assert wait_for(lambda: progress.value >= 3)
         time.sleep(0.3)
         assert progress.value == 3  # three values unread: the fourth write waits for a credit
@@ -275,7 +276,7 @@ def test_writer_runs_max_inflight_ahead_then_blocks_until_a_read(server, tag):
 
 def test_read_timeout_then_the_value_still_arrives(server, tag):
     with SocketChannel.create(server, tag, "rt") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         start = time.monotonic()
         with pytest.raises(ChannelTimeoutError, match="not written yet"):
             reader.read(timeout=0.05)  # no connection yet
@@ -292,7 +293,7 @@ def test_read_timeout_then_the_value_still_arrives(server, tag):
 
 def test_write_timeout_when_out_of_credits_leaves_the_channel_consistent(server, tag):
     with SocketChannel.create(server, tag, "wt", max_inflight=2) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         writer.write("a")
         writer.write("b")
         start = time.monotonic()
@@ -311,10 +312,10 @@ def test_write_timeout_when_out_of_credits_leaves_the_channel_consistent(server,
 
 def test_write_times_out_while_the_reader_has_not_attached(server, tag):
     with SocketChannel.create(server, tag, "late") as ch:
-        writer = ch.writer_handle().attach()
+        writer = open_endpoint(ch.writer_handle())
         with pytest.raises(ChannelTimeoutError, match="reader has not attached"):
             writer.write("a", timeout=0.1)
-        reader = ch.reader_handle().attach()
+        reader = open_endpoint(ch.reader_handle())
         writer.write("a", timeout=5)
         assert reader.read(timeout=5) == "a"
         detach_all(writer, reader)
@@ -325,7 +326,7 @@ def test_write_times_out_while_the_reader_has_not_attached(server, tag):
 def test_owner_close_wakes_a_blocked_endpoint_in_another_process(server, tag, mode):
     with SocketChannel.create(server, tag, mode, max_inflight=1) as ch:
         handle = ch.reader_handle() if mode == "reader" else ch.writer_handle()
-        idle_reader = None if mode != "writer" else ch.reader_handle().attach()  # never reads
+        idle_reader = None if mode != "writer" else open_endpoint(ch.reader_handle())  # never reads
         stopped = stopping_reader(ch.reader_handle()) if mode == "writer-mid-value" else None
         proc, out = run(_block_then_report, handle, mode)
         time.sleep(1.0)  # let it block
@@ -347,7 +348,7 @@ def test_owner_close_wakes_a_blocked_endpoint_in_another_process(server, tag, mo
 @pytest.mark.parametrize("closer", ["reader", "writer"])
 def test_closing_one_endpoint_wakes_the_other(server, tag, closer):
     with SocketChannel.create(server, tag, closer, max_inflight=1) as ch:
-        mine = (ch.reader_handle() if closer == "reader" else ch.writer_handle()).attach()
+        mine = open_endpoint(ch.reader_handle() if closer == "reader" else ch.writer_handle())
         theirs = ch.writer_handle() if closer == "reader" else ch.reader_handle()
         proc, out = run(_block_then_report, theirs, "writer" if closer == "reader" else "reader")
         time.sleep(0.5)
@@ -369,19 +370,19 @@ def test_attaching_after_close_or_unlink_fails_on_first_use(server, tag):
     gone.unlink()
     never = SocketHandle("cgraph_1_never_made", server.address, 1)
     for handle in (ch.writer_handle(), gone.writer_handle(), never):
-        writer = handle.attach()
+        writer = open_endpoint(handle)
         with pytest.raises(ChannelClosedError, match="closed"):
             writer.write(1, timeout=5)
         writer.detach()
     for handle in (ch.reader_handle(), gone.reader_handle()):
-        reader = handle.attach()
+        reader = open_endpoint(handle)
         with pytest.raises(ChannelClosedError, match="closed"):
             reader.read(timeout=5)
         reader.detach()
     ch.unlink()
     server.close()
     with pytest.raises(ChannelClosedError, match="cannot reach its control server"):
-        ch.writer_handle().attach()
+        open_endpoint(ch.writer_handle())
 
 
 @pytest.mark.timeout(30)
@@ -389,7 +390,7 @@ def test_reader_dying_wakes_a_writer_waiting_for_credit(server, tag):
     with SocketChannel.create(server, tag, "rdie", max_inflight=1) as ch:
         proc = FORK.Process(target=_read_one_and_die, args=(ch.reader_handle(),), daemon=True)
         proc.start()
-        writer = ch.writer_handle().attach()
+        writer = open_endpoint(ch.writer_handle())
         with pytest.raises(ChannelClosedError, match="reader's connection ended"):
             for i in range(10):
                 writer.write(i, timeout=10)  # a timeout here would mean a hang
@@ -404,7 +405,7 @@ def test_writer_dying_ends_the_stream_for_the_reader(server, tag, mid_value):
     with SocketChannel.create(server, tag, "wdie", max_inflight=4) as ch:
         args = (ch.writer_handle(), values, mid_value)
         proc = FORK.Process(target=_write_and_die, args=args, daemon=True)
-        reader = ch.reader_handle().attach()
+        reader = open_endpoint(ch.reader_handle())
         proc.start()
         proc.join(10)  # dead, after two values (and part of a third, mid_value)
         assert [reader.read(timeout=10) for _ in values] == values
@@ -419,12 +420,12 @@ def test_either_endpoint_may_attach_first_without_waiting(server, tag, first):
     with SocketChannel.create(server, tag, first, max_inflight=2) as ch:
         start = time.monotonic()
         if first == "reader":
-            mine = ch.reader_handle().attach()
+            mine = open_endpoint(ch.reader_handle())
             assert time.monotonic() - start < 1.0
             proc, out = run(_write_n, ch.writer_handle(), ["a", "b", "c"], 0.3)
             assert [mine.read(timeout=10) for _ in range(3)] == ["a", "b", "c"]
         else:
-            mine = ch.writer_handle().attach()
+            mine = open_endpoint(ch.writer_handle())
             assert time.monotonic() - start < 1.0
             proc, out = run(_read_n, ch.reader_handle(), 3, 0.3)
             for value in ("a", "b", "c"):
@@ -438,15 +439,15 @@ def test_attach_and_detach_leak_no_file_descriptor():
     before = fd_count()
     for i in range(20):
         ch = SocketChannel.create(server, "leak", str(i))
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         writer.write(i)
         assert reader.read(timeout=5) == i
         detach_all(writer, reader)
-        unused = ch.reader_handle().attach()  # attached, never used
+        unused = open_endpoint(ch.reader_handle())  # attached, never used
         unused.detach()
         ch.close()
         ch.unlink()
-    late = ch.writer_handle().attach()  # attaches to an unlinked channel
+    late = open_endpoint(ch.writer_handle())  # attaches to an unlinked channel
     late.detach()
     assert wait_for(lambda: fd_count() <= before, timeout=3), (before, fd_count())
     server.close()
@@ -471,7 +472,7 @@ def test_shared_server_survives_idle_channels_dead_endpoints_and_garbage(tag):
         proc.start()
         proc.join(10)
     with SocketChannel.create(server, tag, "alive") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         writer.write("still serving")
         assert reader.read(timeout=5) == "still serving"
         detach_all(writer, reader)
@@ -492,7 +493,7 @@ def test_a_shared_server_goes_with_its_last_channel_and_the_next_starts_anew(tag
     fresh = ControlServer.shared()
     assert fresh is not server
     with SocketChannel.create(fresh, tag, "three") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         writer.write("served")
         assert reader.read(timeout=5) == "served"
         detach_all(writer, reader)
@@ -510,7 +511,7 @@ def test_shared_server_is_recreated_in_a_forked_child(tag):
 
 def test_a_forked_child_does_not_keep_this_process_sockets(server, tag):
     with SocketChannel.create(server, tag, "fork") as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         writer.write(1)
         assert reader.read(timeout=5) == 1
         child = FORK.Process(target=time.sleep, args=(5,), daemon=True)
@@ -530,8 +531,8 @@ def test_handles_and_endpoints_pickle(server, tag):
         assert ch.handle.name.startswith(f"cgraph_{os.getpid()}_{tag}_pickle")
         handle = pickle.loads(pickle.dumps(ch.reader_handle()))
         assert handle == ch.reader_handle() and handle.reader and handle.max_inflight == 3
-        reader = handle.attach()
-        first = ch.writer_handle().attach()
+        reader = open_endpoint(handle)
+        first = open_endpoint(ch.writer_handle())
         writer = pickle.loads(pickle.dumps(first))  # an endpoint pickles as its handle
         first.detach()  # never wrote: the copy is the channel's one writer
         assert isinstance(writer, SocketWriter) and isinstance(reader, SocketReader)
@@ -562,7 +563,7 @@ class _BadOnRead:
 
 def test_errors_in_values_do_not_wedge_the_channel(server, tag):
     with SocketChannel.create(server, tag, "bad", max_inflight=1) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         with pytest.raises(TypeError):
             writer.write(threading.Lock())  # unpicklable: nothing sent, no credit spent
         writer.write(_BadOnRead(), timeout=1)
@@ -576,7 +577,7 @@ def test_errors_in_values_do_not_wedge_the_channel(server, tag):
 @pytest.mark.timeout(30)
 def test_values_written_before_the_writer_detaches_still_arrive(server, tag):
     with SocketChannel.create(server, tag, "drain", max_inflight=4) as ch:
-        writer, reader = ch.writer_handle().attach(), ch.reader_handle().attach()
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         writer.write("a")
         writer.write("b")
         assert reader.read(timeout=5) == "a"  # its credit waits, unread, at the writer
@@ -604,7 +605,7 @@ def _interrupt(signum, frame):
 def test_a_write_interrupted_half_way_ends_the_stream(server, tag):
     with SocketChannel.create(server, tag, "sigint") as ch:
         reader = stopping_reader(ch.reader_handle())
-        writer = ch.writer_handle().attach()
+        writer = open_endpoint(ch.writer_handle())
         writer.write(0, timeout=10)
         previous = signal.signal(signal.SIGALRM, _interrupt)
         try:
@@ -623,7 +624,7 @@ def test_a_write_interrupted_half_way_ends_the_stream(server, tag):
 
 def test_detached_endpoint_refuses_use_and_can_still_close(server, tag):
     with SocketChannel.create(server, tag, "detached") as ch:
-        reader = ch.reader_handle().attach()
+        reader = open_endpoint(ch.reader_handle())
         reader.detach()
         with pytest.raises(ChannelClosedError, match="detached"):
             reader.read()
@@ -633,7 +634,7 @@ def test_detached_endpoint_refuses_use_and_can_still_close(server, tag):
 
 
 def _double_each(inp: SocketHandle, out: SocketHandle, count: int) -> int:
-    reader, writer = inp.attach(), out.attach()
+    reader, writer = open_endpoint(inp), open_endpoint(out)
     for _ in range(count):
         writer.write(reader.read() * 2)  # before reading the next value
     writer.detach()
@@ -649,7 +650,7 @@ def test_large_values_around_a_cycle_do_not_deadlock(server, tag):
     with SocketChannel.create(server, tag, "there", max_inflight=4) as there, \
             SocketChannel.create(server, tag, "back", max_inflight=4) as back:
         proc, out = run(_double_each, there.reader_handle(), back.writer_handle(), 4)
-        writer, reader = there.writer_handle().attach(), back.reader_handle().attach()
+        writer, reader = open_endpoint(there.writer_handle()), open_endpoint(back.reader_handle())
         for i in range(4):
             writer.write(big + i, timeout=30)
         got = [reader.read(timeout=30) for _ in range(4)]

@@ -16,6 +16,7 @@ import pytest
 
 from cgraph.channels import ControlServer, SocketChannel, tls
 from cgraph.channels.handshake import refused_connections
+from cgraph.channels.opener import open_endpoint
 from tests.unit.child_process import finish, run
 
 trustme = pytest.importorskip("trustme")
@@ -49,7 +50,7 @@ def server(certs):
 
 
 def _echo(in_handle, out_handle, count):
-    reader, writer = in_handle.attach(), out_handle.attach()
+    reader, writer = open_endpoint(in_handle), open_endpoint(out_handle)
     for _ in range(count):
         writer.write(reader.read(timeout=20), timeout=20)
     reader.detach()
@@ -64,7 +65,7 @@ def test_values_round_trip_over_tls_across_a_fork(server):
     assert there.handle.tls and back.reader_handle().tls
     values = [1, "text", np.arange(3 << 20, dtype=np.float32), {"k": np.ones(5)}, None]
     proc, out = run(_echo, there.reader_handle(), back.writer_handle(), len(values))
-    writer, reader = there.writer_handle().attach(), back.reader_handle().attach()
+    writer, reader = open_endpoint(there.writer_handle()), open_endpoint(back.reader_handle())
     assert isinstance(writer._ctl, ssl.SSLSocket)
     for value in values:
         writer.write(value, timeout=20)
@@ -93,7 +94,7 @@ def test_thousands_of_round_trips_over_tls(server):
     back = SocketChannel.create(server, tag, "back", max_inflight=10)
     count = 5000
     proc, out = run(_echo, there.reader_handle(), back.writer_handle(), count)
-    writer, reader = there.writer_handle().attach(), back.reader_handle().attach()
+    writer, reader = open_endpoint(there.writer_handle()), open_endpoint(back.reader_handle())
     got = []
     for i in range(count):
         writer.write(i, timeout=20)
@@ -131,7 +132,7 @@ def tls_client(addr, ca_pem, cert=None):
 def test_peers_without_a_certificate_of_the_ca_are_refused(server, certs):
     ca, tmp = certs
     ch = SocketChannel.create(server, f"t{uuid.uuid4().hex[:8]}", "x")
-    reader = ch.reader_handle().attach()
+    reader = open_endpoint(ch.reader_handle())
     addr = listener_of(server, ch)
     before = refused_connections()
     plain = socket.create_connection(addr, timeout=5)  # no TLS at all
@@ -149,7 +150,7 @@ def test_peers_without_a_certificate_of_the_ca_are_refused(server, certs):
     while refused_connections() - before < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert refused_connections() - before >= 2
-    writer = ch.writer_handle().attach()
+    writer = open_endpoint(ch.writer_handle())
     writer.write("still mine", timeout=10)
     assert reader.read(timeout=10) == "still mine"
     writer.detach()
@@ -161,7 +162,7 @@ def test_peers_without_a_certificate_of_the_ca_are_refused(server, certs):
 def test_a_certificate_without_the_graphs_secret_is_not_enough(server, certs):
     ca, tmp = certs
     ch = SocketChannel.create(server, f"t{uuid.uuid4().hex[:8]}", "x")
-    reader = ch.reader_handle().attach()
+    reader = open_endpoint(ch.reader_handle())
     sock = tls_client(listener_of(server, ch), str(tmp / "ca.pem"), ca.issue_cert("127.0.0.1"))
     challenge = b""
     while len(challenge) < 45:
@@ -176,7 +177,7 @@ def test_a_certificate_without_the_graphs_secret_is_not_enough(server, certs):
     except (ConnectionResetError, ssl.SSLError):
         pass
     assert refused_connections() == before + 1
-    writer = ch.writer_handle().attach()
+    writer = open_endpoint(ch.writer_handle())
     writer.write(1, timeout=10)
     assert reader.read(timeout=10) == 1
     writer.detach()

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.cpu.mesh import CpuCommunicator, create_links
 from cgraph.ir import TensorHint
@@ -43,8 +44,8 @@ def transfer(values: list[Any], hint: TensorHint | None, *, ahead: bool = False)
     links, ends = create_links(tag, "g", 2)
     side = ShmChannel.create(tag, "side", num_readers=1, max_inflight=len(values) + 1, buffer_size=256)
     comms = [CpuCommunicator(e) for e in ends]
-    writer = EdgeWriter(comms[0], 1, side.writer_handle().attach(), hint, "n1")
-    reader = EdgeReader(comms[1], 0, side.reader_handle(0).attach(), hint, "n1")
+    writer = EdgeWriter(comms[0], 1, open_endpoint(side.writer_handle()), hint, "n1")
+    reader = EdgeReader(comms[1], 0, open_endpoint(side.reader_handle(0)), hint, "n1")
     got: list[Any] = []
     reads = SpyReads(reader)
     done = threading.Event()

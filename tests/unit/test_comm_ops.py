@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+from cgraph.channels.opener import open_endpoint
 from cgraph.comm.communicator import Communicator
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, parse_graph
@@ -115,8 +116,8 @@ class Harness:
             thread.start()
             self.threads.append(thread)
         (spec,) = plan.for_node("n0")
-        self.input = self.res[spec.id].writer_handle().attach()
-        self.outputs = [self.res[plan.for_reader(o, DRIVER).id].reader_handle(DRIVER).attach() for o in graph.outputs]
+        self.input = open_endpoint(self.res[spec.id].writer_handle())
+        self.outputs = [open_endpoint(self.res[plan.for_reader(o, DRIVER).id].reader_handle(DRIVER)) for o in graph.outputs]
 
     def _loop(self, actor: str, program: ActorProgram) -> None:
         try:

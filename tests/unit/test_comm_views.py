@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import view_receiver
 from cgraph.comm.cpu.mesh import CpuCommunicator, create_links
@@ -140,9 +141,9 @@ def test_edge_reader_views_only_the_last_tensor_and_releases_it(how: str) -> Non
         side = ShmChannel.create(uuid.uuid4().hex[:8], "side", num_readers=1, max_inflight=8, buffer_size=256)
         channels.append(side)
         hint = TensorHint("nccl")
-        writer = EdgeWriter(a, 1, side.writer_handle().attach(), hint, "n1")
+        writer = EdgeWriter(a, 1, open_endpoint(side.writer_handle()), hint, "n1")
         recv_comm = b if how != "no capability" else StarOnly(b)
-        reader = EdgeReader(recv_comm, 0, side.reader_handle(0).attach(), hint, "n1", view_last=how != "copy")
+        reader = EdgeReader(recv_comm, 0, open_endpoint(side.reader_handle(0)), hint, "n1", view_last=how != "copy")
         assert (reader.viewer is not None) == (how == "view")
 
         def origin(exc: Exception) -> ErrorValue:

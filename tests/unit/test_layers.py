@@ -121,13 +121,7 @@ def circles() -> set[frozenset[str]]:
             for m in edges if m in reached[m]}
 
 
-KNOWN_CIRCLES = {  # being untangled (issue 28): shrink this, never grow it
-    frozenset({"cgraph.channels.shm_channel", "cgraph.channels.shm_fast"}),
-    frozenset({"cgraph.channels.socket_channel", "cgraph.channels.socket_control",
-               "cgraph.channels.socket_endpoint", "cgraph.channels.socket_reader"}),
-    frozenset({"cgraph.comm.backends", "cgraph.comm.cpu.backend",
-               "cgraph.comm.torch.backend"}),
-}
+KNOWN_CIRCLES: set[frozenset[str]] = set()  # none left (issue 28): keep it empty
 
 
 def test_no_two_files_import_each_other() -> None:

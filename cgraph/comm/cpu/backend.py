@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from cgraph.comm import algorithms
-from cgraph.comm.backends import Hooks
 from cgraph.comm.cpu import layout
 from cgraph.comm.cpu.framed import FramedTransport
 from cgraph.comm.cpu.layout import Links
+from cgraph.comm.group import Hooks
 from cgraph.comm.teams import Team, TeamTransport
 from cgraph.comm.tensor_views import dtype_name
 from cgraph.comm.transport import Transport, describe_layout, node_layout

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.segments import unlink_channel
 from cgraph.comm.cpu import peer_memory
 from cgraph.comm.cpu.arena import ShmArena
@@ -92,8 +93,8 @@ class FramedTransport:
         self._rank, self._size = ends.rank, ends.world_size
         self._group, self._nodes, self.timeout = group, nodes, timeout
         self._names = [h.name for h in (*ends.out, *ends.inp) if h is not None]
-        self._out = [h.attach() if h is not None else None for h in ends.out]
-        self._inp = [h.attach() if h is not None else None for h in ends.inp]
+        self._out = [open_endpoint(h) if h is not None else None for h in ends.out]
+        self._inp = [open_endpoint(h) if h is not None else None for h in ends.inp]
         self._remote = remote
         self.arena = arena  # the node's shared workspace ("shared" allreduce), if any
         self._tag: Tag = _IDLE

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle
 from cgraph.comm import algorithms
 from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
@@ -102,8 +103,8 @@ class LinkTransport:
 
     def __init__(self, ends: LinkEnds) -> None:
         self._rank, self._size = ends.rank, ends.world_size
-        self._out = [h.attach() if h is not None else None for h in ends.out]
-        self._inp = [h.attach() if h is not None else None for h in ends.inp]
+        self._out = [open_endpoint(h) if h is not None else None for h in ends.out]
+        self._inp = [open_endpoint(h) if h is not None else None for h in ends.inp]
         self._viewed: set[int] = set()  # peers whose last message a lease still views
 
     @property

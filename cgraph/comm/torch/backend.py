@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from cgraph.comm import algorithms, signatures
-from cgraph.comm.backends import Hooks
+from cgraph.comm.group import Hooks
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.teams import Team
 from cgraph.comm.tensor_views import working
