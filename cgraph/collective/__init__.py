@@ -11,7 +11,7 @@ nodes), "nccl" (CUDA tensors). ``split_strided`` and ``split_2d`` make teams;
 In a compiled graph, ``allreduce.bind([n1, n2], op=ReduceOp.SUM)`` (and
 ``allgather``, ``reducescatter``) returns one node per member.
 
-The names load on first use (from ``api``, ``tuning`` and ``dag_ops``), so this
+The names load on first use (from ``api`` and ``dag_ops``), so this
 module loads without Ray; the algorithms live in ``cgraph.comm``. The guide is
 docs/collective.md.
 """
@@ -128,10 +128,8 @@ Raises:
 def __getattr__(name: str) -> Any:
     if name in _DAG_OPS:
         value = getattr(importlib.import_module("cgraph.collective.dag_ops"), name)
-    elif name in _API:
+    elif name in _API or name in _TUNING:
         value = getattr(importlib.import_module("cgraph.collective.api"), name)
-    elif name in _TUNING:
-        value = getattr(importlib.import_module("cgraph.collective.tuning"), name)
     elif name in _ELSEWHERE:
         value = getattr(importlib.import_module(_ELSEWHERE[name]), name)
     else:
