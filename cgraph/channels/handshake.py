@@ -26,7 +26,11 @@ bytes, for at most ``HANDSHAKE_S``.
 
 ``Acceptor`` is sans-IO (the control server's selector loop and a reader's
 listener feed it what they receive); ``prove`` runs the connector's side on a
-socket, blocking until a deadline. The standard library's
+socket, blocking until a deadline, and ``introduce`` runs TLS first where asked.
+Every TCP connection cgraph makes or admits (socket channels, the "cpu"
+backend's links between nodes) goes through ``tune``: no Nagle delay, and
+keepalive with a user timeout, so a peer whose host vanished without a FIN or
+RST is noticed within ``LOST_PEER_S``. The standard library's
 ``multiprocessing.connection`` does the same with a one-sided challenge; here
 both sides prove themselves.
 """
@@ -44,6 +48,7 @@ from collections.abc import Callable
 from cgraph.channels import tls
 from cgraph.channels.tls import WOULD_BLOCK, pending, send_flags
 
+LOST_PEER_S = 30  # keepalive: idle 10 s, then 4 probes 5 s apart; unacked data: 30 s
 MAGIC = b"cgraph-auth-1"
 NONCE = 32
 MAC = 32  # SHA-256
@@ -164,6 +169,34 @@ class Admission:
             if proof is not None:
                 _send_all(self.sock, proof, time.monotonic() + 1.0)
                 return True
+
+
+def tune(sock: socket.socket) -> None:
+    """No Nagle delay (a credit or a line never waits for an ack); keepalive and a user
+    timeout, so a silently lost peer ends the connection instead of hanging it."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4),
+                          ("TCP_USER_TIMEOUT", LOST_PEER_S * 1000)):
+        if hasattr(socket, option):  # Linux has them all
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def introduce(sock: socket.socket, secret: bytes, claim: bytes, deadline: float,
+              use_tls: bool) -> socket.socket:
+    """The dialing side on a connected non-blocking socket: TLS first where asked, then
+    ``prove``. Returns the socket to use (the TLS wrapper, or ``sock``); the caller
+    closes ``sock`` on an error.
+
+    Raises:
+        ssl.SSLError, TimeoutError: TLS failed, or the deadline passed.
+        AuthError: the acceptor refused the claim (``RefusedError``) or failed its proof.
+    """
+    if use_tls:
+        sock = tls.wrap(sock, server_side=False)
+        tls.handshake(sock, deadline)  # type: ignore[arg-type]
+    prove(sock, secret, claim, deadline)
+    return sock
 
 
 def prove(sock: socket.socket, secret: bytes, claim: bytes, deadline: float) -> None:

@@ -49,11 +49,18 @@ from dataclasses import replace
 
 from cgraph.channels import tls
 from cgraph.channels.base import ChannelWriter
-from cgraph.channels.handshake import HANDSHAKE_S, AuthError, RefusedError, new_secret, prove
+from cgraph.channels.handshake import (
+    HANDSHAKE_S,
+    AuthError,
+    RefusedError,
+    introduce,
+    new_secret,
+    tune,
+)
 from cgraph.channels.segments import segment_name
 from cgraph.channels.serialization import dumps, payload_chunks
 from cgraph.channels.socket_control import ControlServer
-from cgraph.channels.socket_endpoint import DEFAULT_MAX_VALUE_BYTES, Endpoint, SocketHandle, tune
+from cgraph.channels.socket_endpoint import DEFAULT_MAX_VALUE_BYTES, Endpoint, SocketHandle
 from cgraph.channels.socket_reader import FRAME, SocketReader
 from cgraph.channels.tls import WOULD_BLOCK
 from cgraph.errors import ChannelClosedError
@@ -171,10 +178,8 @@ class SocketWriter(Endpoint, ChannelWriter):
             limit = time.monotonic() + HANDSHAKE_S
             limit = limit if deadline is None else min(limit, deadline)
             try:
-                if self._handle.tls:
-                    sock = tls.wrap(sock, server_side=False)
-                    tls.handshake(sock, limit)
-                prove(sock, self._handle.secret, f"data {self._handle.name} w".encode(), limit)
+                sock = introduce(sock, self._handle.secret, f"data {self._handle.name} w".encode(), limit,
+                                 self._handle.tls)
             except (ssl.SSLError, TimeoutError) as exc:
                 sock.close()
                 raise ChannelClosedError(f"socket channel {self._handle.name}: TLS with its "

@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 
 from cgraph import _threads
 from cgraph._log import logger
-from cgraph.channels.handshake import HANDSHAKE_S, Admission, AuthError, RefusalLog
-from cgraph.channels.socket_endpoint import tune
+from cgraph.channels.handshake import HANDSHAKE_S, Admission, AuthError, RefusalLog, tune
 from cgraph.channels.tls import WOULD_BLOCK, pending
 from cgraph.errors import ChannelClosedError
 

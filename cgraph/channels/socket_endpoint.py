@@ -3,8 +3,8 @@
 An endpoint opens one control connection to the owner's ``ControlServer`` at
 attach and proves it belongs to the graph (``handshake``, claim
 ``control <name> <role>``); the server proves the same back. Every socket
-cgraph opens gets TCP keepalive with a user timeout, so a peer whose host
-vanished without a FIN or RST is noticed within ``LOST_PEER_S``.
+cgraph opens gets ``handshake.tune``: TCP keepalive with a user timeout, so a
+peer whose host vanished without a FIN or RST is noticed within ``LOST_PEER_S``.
 """
 
 from __future__ import annotations
@@ -22,14 +22,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cgraph import _threads
-from cgraph.channels import tls
-from cgraph.channels.handshake import HANDSHAKE_S, AuthError, RefusedError, prove
+from cgraph.channels.handshake import (
+    HANDSHAKE_S,
+    AuthError,
+    RefusedError,
+    introduce,
+    tune,
+)
 from cgraph.channels.tls import WOULD_BLOCK, pending
 from cgraph.errors import ChannelClosedError, ChannelLostError, ChannelTimeoutError
 
 POLL_S = 0.15  # longest sleep before re-checking the closed state
 CONNECT_TIMEOUT_S = 30.0  # reaching the control server (never the peer)
-LOST_PEER_S = 30  # keepalive: idle 10 s, then 4 probes 5 s apart; unacked data: 30 s
 DEFAULT_MAX_VALUE_BYTES = 16 << 30
 """Largest value a socket channel carries unless told otherwise (``max_value_bytes``):
 a frame announcing more is refused before anything is allocated."""
@@ -52,17 +56,6 @@ class SocketHandle:
     @property
     def role(self) -> str:
         return "r" if self.reader else "w"
-
-
-def tune(sock: socket.socket) -> None:
-    """No Nagle delay (a credit or a line never waits for an ack); keepalive and a user
-    timeout, so a silently lost peer ends the connection instead of hanging it."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4),
-                          ("TCP_USER_TIMEOUT", LOST_PEER_S * 1000)):
-        if hasattr(socket, option):  # Linux has them all
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 class Endpoint:
@@ -204,10 +197,7 @@ def _dial(handle: SocketHandle, role: str) -> socket.socket:
     sock.setblocking(False)
     deadline = time.monotonic() + HANDSHAKE_S
     try:
-        if handle.tls:
-            sock = tls.wrap(sock, server_side=False)
-            tls.handshake(sock, deadline)
-        prove(sock, handle.secret, f"control {handle.name} {role}".encode(), deadline)
+        sock = introduce(sock, handle.secret, f"control {handle.name} {role}".encode(), deadline, handle.tls)
     except (ssl.SSLError, TimeoutError) as exc:
         sock.close()
         raise ChannelClosedError(f"socket channel {handle.name}: TLS with the control server at "

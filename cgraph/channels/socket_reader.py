@@ -42,10 +42,17 @@ from typing import Any
 
 from cgraph import _threads
 from cgraph.channels.base import ChannelReader
-from cgraph.channels.handshake import HANDSHAKE_S, Admission, AuthError, RefusalLog
+from cgraph.channels.handshake import (
+    HANDSHAKE_S,
+    LOST_PEER_S,
+    Admission,
+    AuthError,
+    RefusalLog,
+    tune,
+)
 from cgraph.channels.serialization import loads
 from cgraph.channels.shm_channel import ShmWriter
-from cgraph.channels.socket_endpoint import LOST_PEER_S, POLL_S, Endpoint, SocketHandle, tune
+from cgraph.channels.socket_endpoint import POLL_S, Endpoint, SocketHandle
 from cgraph.channels.tls import WOULD_BLOCK, half_close, send_flags
 from cgraph.errors import ChannelClosedError
 

@@ -32,6 +32,7 @@ from cgraph.comm.cpu.arena import ShmArena
 from cgraph.comm.cpu.framed import FramedTransport
 from cgraph.comm.cpu.layout import _global_ends
 from cgraph.comm.cpu.mesh import create_links
+from cgraph.comm.cpu.pairing import Pairing
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import (
     ChannelClosedError,
@@ -548,3 +549,33 @@ def _wait_for(book: dict[int, str], rank: int) -> str:
     while rank not in book and time.monotonic() < deadline:
         time.sleep(0.01)
     return book[rank]
+
+
+def test_both_ends_of_a_pair_keep_alive_as_socket_channels_do() -> None:
+    """A peer whose host vanishes without a FIN is noticed by keepalive and the user timeout,
+    on the dialed end and on the admitted end alike (``handshake.tune``)."""
+    from cgraph.channels.handshake import LOST_PEER_S
+
+    book: dict[int, str] = {}
+    pairings: dict[int, Pairing] = {}
+    got: dict[int, socket.socket] = {}
+
+    def one(rank: int) -> None:
+        pairings[rank] = Pairing(rank, [1 - rank], SECRET, "cpu-links g.x", "127.0.0.1",
+                                 lambda a: book.__setitem__(rank, a), lambda r: _wait_for(book, r), 10.0, False)
+        got[rank] = pairings[rank].get(1 - rank)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in (1, 0)]
+    [t.start() for t in threads]
+    [t.join(20) for t in threads]
+    try:
+        assert sorted(got) == [0, 1]
+        for sock in got.values():
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == LOST_PEER_S * 1000
+    finally:
+        for sock in got.values():
+            sock.close()
+        for pairing in pairings.values():
+            pairing.close()

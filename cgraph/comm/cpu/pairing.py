@@ -5,7 +5,8 @@ peer on another node. The lower rank of a pair dials (``_dial``: TLS first where
 asked, then proves it knows the group's secret); the higher admits, on a listener
 whose thread authenticates each connection as it comes (``_admit``: the mutual HMAC
 challenge of ``channels.handshake``, one connection per expected rank, strangers
-closed and logged) and closes once every lower peer is in::
+closed and logged) and closes once every lower peer is in. Both ends are tuned as
+socket channels are (``handshake.tune``: keepalive, a user timeout)::
 
     Pairing(rank 2, peers [0, 1])    listens (lower peers 0 and 1 may dial), publishes
       get(0)                         waits until rank 0's connection is admitted
@@ -129,12 +130,9 @@ def _dial(address: str, secret: bytes, claim: bytes, timeout: float, use_tls: bo
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=timeout)
     try:
+        handshake.tune(sock)
         sock.setblocking(False)
-        deadline = time.monotonic() + handshake.HANDSHAKE_S
-        if use_tls:
-            sock = tls.wrap(sock, server_side=False)
-            tls.handshake(sock, deadline)  # type: ignore[arg-type]
-        handshake.prove(sock, secret, claim, deadline)
+        sock = handshake.introduce(sock, secret, claim, time.monotonic() + handshake.HANDSHAKE_S, use_tls)
         sock.setblocking(True)
     except BaseException:
         sock.close()
@@ -150,6 +148,7 @@ def _admit(sock: socket.socket, secret: bytes, claim_prefix: str, lookup: Callab
         handshake.AuthError, OSError, TimeoutError: it did not prove itself in time.
     """
     try:
+        handshake.tune(sock)
         if use_tls:
             sock.setblocking(False)
             sock = tls.wrap(sock, server_side=True)
