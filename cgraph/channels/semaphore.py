@@ -6,16 +6,14 @@ the segment. glibc implements ``sem_post`` / ``sem_trywait`` with atomics and
 enters the kernel (a futex) only to sleep or to wake a sleeper, so an
 uncontended post or acquire costs one ctypes call and no system call, and a
 blocked waiter sleeps in the kernel at ~0% CPU. ctypes releases the GIL for the
-call, so other threads keep running while one waits.
-
-Measured on the 2-core VM (benchmarks/bench_channels.py): a ping-pong through
-two of these semaphores costs the same as one through a pipe or an eventfd;
-the wake-up itself (a cross-CPU IPI inside the VM) dominates, not ctypes.
+call, so other threads keep running while one waits. (A ping-pong through two
+of them costs what one through a pipe or an eventfd does: docs/design-notes.md,
+"Numbers behind the code".)
 
 The C fast path. When the extension ``cgraph.channels._fastpath`` is built
 (setup.py) it is loaded here, the lowest layer of the channel, and post /
-try-acquire / acquire call its C functions (~0.05 us instead of ~0.35 us per
-ctypes call; the wait sleeps with the GIL released, as ctypes does).
+try-acquire / acquire call its C functions instead of ctypes (the wait sleeps
+with the GIL released, as ctypes does).
 ``fastpath`` is that module, or None: not built, failed to import, or
 ``CGRAPH_PURE_PYTHON=1`` (read once, at import) asks for the ctypes path.
 shm_channel.py's Fast endpoints build the channel's own C hot path on the same module.

@@ -53,9 +53,10 @@ take one C call per write / read / release, everything else runs the Python
 code they inherit. ``CGRAPH_PURE_PYTHON=1`` before cgraph is imported turns the
 C path off.
 
-Why. A pure-Python hop through the Python endpoints costs ~5 us for a small value,
-nearly all of it interpreter and ctypes overhead around two semaphore
-operations, a ``pickle.dumps`` and a ``pickle.loads``. Here each endpoint gets
+Why. A pure-Python hop through the Python endpoints spends nearly all of its
+time on interpreter and ctypes overhead around two semaphore operations, a
+``pickle.dumps`` and a ``pickle.loads`` (docs/design-notes.md, "The channel's
+hot path in C"). Here each endpoint gets
 a C core (``_fastpath.Endpoint``) that does a whole small-value write, or a
 whole read, in one call::
 

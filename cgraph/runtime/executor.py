@@ -321,8 +321,8 @@ HANDLERS: dict[OpKind, Callable[[Op, Context], Step]] = {
     OpKind.COLLECTIVE: _comm_step(handle_collective),
 }
 """Per op kind, what builds its step once, at the start of the loop: a closure over
-the node's reader, method and writers, so an iteration that reads, runs and writes
-costs ~1 µs of Python here (3.0 µs when each op looked them up every time)."""
+the node's reader, method and writers, so an iteration looks nothing up (what that
+saves: docs/design-notes.md, "The executor's hot path")."""
 
 
 def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:

@@ -59,9 +59,8 @@ BLOCK_BYTES = 128 << 10
 CMA_MIN_BYTES = 12 << 20
 """From this size the ranks read each other's tensors where the kernel lets them
 (``_allreduce_reading_peers``): fewer bytes through memory, but each read pins the
-peer's pages, which below this costs more than the copies it saves. On the 2-core
-machine, 4 processes: 8 MiB 10.2 ms against 9.2 through the workspace, 12 MiB 14.8-15.1
-against 15.9-16.8, 16 MiB 17.8 against 22.4; 2 nodes of 4 at 16 MiB 48.5 against 69.3."""
+peer's pages, which below this costs more than the copies it saves (the crossover
+measured: docs/design-notes.md, "Numbers behind the code")."""
 CMA_BLOCK_BYTES = 1 << 20
 """A read's size: the scratch block stays in the cache while it is added."""
 DOUBLE_BUFFER_BYTES = 64 << 20

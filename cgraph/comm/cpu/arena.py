@@ -16,9 +16,8 @@ without a message about it::
 ``meet`` is the node's barrier, on semaphores in ``<base>_0`` (made with the
 first generation): each rank posts one token to every other rank's semaphore,
 then takes L-1 from its own. Over links a barrier is ceil(log2 L) rounds of
-messages; here it is L-1 posts and one sleep in the kernel (4 processes, 4 MiB, on
-the 2-core machine: "shared" went from 1.78-1.94x faster than gloo to 1.93-2.07x in
-three paired runs). Tokens cannot cross barriers: a rank leaves barrier k only
+messages; here it is L-1 posts and one sleep in the kernel (what it gained:
+docs/design-notes.md, "Numbers behind the code"). Tokens cannot cross barriers: a rank leaves barrier k only
 after every rank has posted its k-th tokens, so its L-1 tokens of barrier k all
 exist by then, and no rank posts for k+1 before leaving k. ``close`` marks the
 segment closed and wakes every sleeper, which then raises. After the semaphores,

@@ -17,9 +17,9 @@ end here and keeps its semantics::
     send      sendall in the caller's thread: returns once the kernel has the message
               (rendezvous at worst, which every algorithm is tested under)
 
-Why not gloo's pairs: every gloo message wakes a gloo thread on each side; on a
-busy host that cost ~1.8 ms per message against ~30 us for a socket read in the
-caller's own thread (measured on this project's 2-core machine, loopback).
+Why not gloo's pairs: every gloo message wakes a gloo thread on each side, which
+costs far more on a busy host than a socket read in the caller's own thread
+(docs/design-notes.md, "Numbers behind the code").
 
 **When pairs connect.** A pair connects the first time a call needs it (``listen``;
 ``connect`` makes every pair at once): two ranks can talk while the group's other

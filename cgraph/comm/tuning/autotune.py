@@ -72,9 +72,9 @@ TRIAL_MIN_BYTES = 64 << 10
 TRIAL_CANDIDATES = 6
 """How many of the model's best candidates a size-class trial times (6: all of them)."""
 TRIAL_WINDOW = 2.0
-"""A trial times only the candidates the calibrated model puts within this factor of its best.
-Wider than the calibration's own error: on 2 ranks at 4 Mi the calibrated model once put
-chain at 3.5 ms and ring at 5.4 (measured 6.0 and 4.7), so a 1.5x window left the best out."""
+"""A trial times only the candidates the calibrated model puts within this factor of its best:
+wider than the calibration's own error (a 1.5x window once left the best out:
+docs/design-notes.md, "Numbers behind the code")."""
 OVERRULE = 0.97
 """In the head-to-head, the challenger's median time ratio to the model's pick must be below
 this; probes (``Arm``) use it too, for the mean of their ratios."""
