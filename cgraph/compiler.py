@@ -172,7 +172,8 @@ def plan_dag(
             object, registered as ``custom:<Class>`` like per-edge ones.
         check: verify the schedule after each pass and look for deadlocks.
         locate: optional ``f(front) -> Graph`` run before planning (the runtime
-            fills in which Ray node each actor lives on).
+            fills in which Ray node each actor lives on and the GPUs Ray gave it: the
+            only place compile reads placement; planning stays pure).
 
     Returns:
         ``(front_end, planned)``: the live objects, and the scheduler's ``Planned``.
@@ -193,7 +194,8 @@ def plan_dag(
     if dump is not None:
         _log_pass("read_dag", front.graph)
     planned = plan_schedule(
-        front.graph, overlap=overlap, check=check, default_communicator=default, dump=dump
+        front.graph, overlap=overlap, check=check, default_communicator=default,
+        customs=tuple(front.communicators), dump=dump,
     )
     return front, planned
 

@@ -99,11 +99,13 @@ class Actor:
     cls: str = "Actor"  # class name, for people
     gpus: float = 0.0
     host: str = ""  # Ray node the actor lives on; "" = unknown / same as driver
+    devices: tuple[str, ...] | None = None  # GPU ids Ray assigned a GPU actor; None = not asked
 
     def __str__(self) -> str:
         gpus = f"{self.gpus:g}"
         host = f", host={self.host}" if self.host else ""
-        return f"actor {self.id} = {self.cls}(gpus={gpus}{host})"
+        devices = "" if self.devices is None else f", devices={'+'.join(self.devices) or '-'}"
+        return f"actor {self.id} = {self.cls}(gpus={gpus}{host}{devices})"
 
 
 @dataclass(frozen=True, slots=True)

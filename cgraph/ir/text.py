@@ -1,7 +1,7 @@
 """Text form of the Graph IR: ``str(graph)`` (``graph.format_graph``) prints, ``parse_graph`` inverts.
 
     actor a = Worker(gpus=1)
-    actor b = Worker(gpus=1)
+    actor b = Worker(gpus=1, host=3f2a, devices=0)
     n0 = input
     n1 = a.send($0, $1, n0) :nccl[static_shape,direct_return]
     n2 = b.recv_and_matmul(n1)
@@ -12,6 +12,9 @@
     return [n2, n6]
 
 One line per actor and per node, in the graph's order; ``#`` starts a comment.
+An actor's ``host`` (its Ray node, unless it is the driver's) and ``devices``
+(the GPU ids Ray assigned it, ``-`` for none) appear once compile has asked the
+live actor where it is.
 Constants print as ``$k``. ``order=`` appears only where a node's execution
 order differs from its position; ``returns=`` only where it is not 1.
 """
@@ -85,10 +88,12 @@ def _parse_actor(m: re.Match[str]) -> Actor:
     for item in filter(None, (p.strip() for p in m.group(3).split(","))):
         k, _, v = item.partition("=")
         fields[k.strip()] = v.strip()
-    unknown = set(fields) - {"gpus", "host"}
+    unknown = set(fields) - {"gpus", "host", "devices"}
     if unknown:
         raise ValueError(f"unknown actor field(s) {sorted(unknown)}")
-    return Actor(m.group(1), m.group(2), float(fields.get("gpus", 0)), fields.get("host", ""))
+    devices = fields.get("devices")
+    return Actor(m.group(1), m.group(2), float(fields.get("gpus", 0)), fields.get("host", ""),
+                 None if devices is None else tuple(d for d in devices.split("+") if d not in ("", "-")))
 
 
 def _parse_rhs(node_id: str, rhs: str, known: dict[str, Node], actors: set[str]) -> Node:

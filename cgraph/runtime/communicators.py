@@ -1,17 +1,12 @@
 """Communicator groups of a compiled graph: made on the driver, opened in the actors.
 
-    plan: n1>b.comm via cpu, n2>c.comm via cpu,        groups      cpu: a(0) b(1) c(2)
-          n5>a.comm via custom:Gloo              ──►               custom:Gloo: b(0) a(1)
-          collective n7 [a,b] via nccl                             nccl[a,b]: a(0) b(1)
-
-A *group* is one communicator: every actor that sends or receives through a
-transport joins that transport's group, ranked in the graph's actor order; a
-collective whose members differ gets a group of its own. The driver makes
-what each kind of group needs (``GROUP_KINDS``), plus one side channel per COMM
-channel (shared memory on the driver's node, a socket when an end lives on
-another node; likewise the watchers' flags), and ships each actor a ``CommProgram`` in
-``ActorProgram.comm``; the actor opens its communicators on its first
-communicator op (``comm_ops``).
+The planner decided the groups (``scheduler.groups``: members, rank order, kind;
+the channel plan's text shows them as ``group nccl = cuda_ipc a,b via nccl``).
+Here the driver makes what each kind of group needs (``GROUP_KINDS``), plus one
+side channel per COMM channel (shared memory on the driver's node, a socket when
+an end lives on another node; likewise the watchers' flags), and ships each
+actor a ``CommProgram`` in ``ActorProgram.comm``; the actor opens its
+communicators on its first communicator op (``comm_ops``).
 
     kind      made on the driver                     opened in the actor          abort() does
     cpu       one shm link per ordered rank pair     CpuCommunicator(links)       close the links
@@ -25,9 +20,6 @@ Every group has a *control* channel that carries nothing: the driver closes it
 at teardown or after a death, a member after its communicator's fault
 (``comm_faults``), and each member's watcher thread then aborts its communicator.
 
-"nccl" groups become "cuda_ipc" when every member sits on one GPU of one node
-(fractional ``num_gpus``), where NCCL cannot run. "cpu" and "cuda_ipc" links are
-the driver's shared memory, so their members must live on the driver's node.
 ``CommResources`` joins the
 graph's channel resources: ``close()`` (teardown, or the monitor after a
 death) closes every link, side channel and watcher flag, which wakes or aborts
@@ -43,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import Communicator, missing_methods
-from cgraph.errors import CompileError, TransportError
+from cgraph.errors import CompileError
 from cgraph.ir import Graph, NodeKind, Ref, TensorHint
 from cgraph.runtime.comm_faults import FaultBoard
 from cgraph.runtime.custom_comm import drop, initialize_custom, make_custom, open_custom
 from cgraph.runtime.endpoints import node_channel
-from cgraph.runtime.gpu_placement import bind_assigned_gpu, plan_gpu_kind
+from cgraph.runtime.gpu_placement import bind_assigned_gpu
 from cgraph.runtime.options import CompileOptions
-from cgraph.scheduler.channels import ChannelKind, ChannelPlan
+from cgraph.scheduler.channels import ChannelKind, CommGroup
 
 if TYPE_CHECKING:
     from cgraph.dag import FrontEnd
@@ -217,69 +209,14 @@ def open_group(endpoint: GroupEndpoint) -> Communicator:
     return GROUP_KINDS[endpoint.kind].open(endpoint)
 
 
-# --------------------------------------------------------------------------- planning
-@dataclass
-class _Group:
-    name: str
-    transport: str
-    members: tuple[str, ...]
-    kind: str = ""
-    obj: Any = None
-
-
-def plan_groups(graph: Graph, plan: ChannelPlan, default: str | None) -> tuple[dict[str, _Group], dict[str, str]]:
-    """The groups of a graph, and the group of each collective node."""
-    order = {a.id: i for i, a in enumerate(graph.actors)}
-    by_transport: dict[str, set[str]] = {}
-    for spec in plan.channels:
-        if spec.kind is ChannelKind.COMM:
-            by_transport.setdefault(spec.transport, set()).update((spec.writer, *spec.readers))
-    groups = {t: _Group(t, t, tuple(sorted(m, key=order.__getitem__))) for t, m in by_transport.items()}
-    of_collective: dict[str, str] = {}
-    for node in graph.nodes:
-        if node.kind is not NodeKind.COLLECTIVE:
-            continue
-        transport = _collective_transport(graph, node, default)
-        members = tuple(graph.producer_actor(a.node) for a in node.args if isinstance(a, Ref))
-        same = transport not in groups or groups[transport].members == members
-        name = transport if same else f"{transport}[{','.join(members)}]"
-        groups.setdefault(name, _Group(name, transport, members))
-        of_collective[node.id] = name
-    return groups, of_collective
-
-
-def _collective_transport(graph: Graph, node: Any, default: str | None) -> str:
-    """A hint's communicator; else NCCL if every member has a GPU; else the default; else "cpu"."""
-    hint = node.hint
-    if hint is not None and hint.transport not in ("auto", "shm"):
-        return str(hint.transport)
-    members = [graph.actor(graph.producer_actor(a.node)) for a in node.args if isinstance(a, Ref)]
-    if all(a.gpus > 0 for a in members):
-        return "nccl"
-    if default is None and len({a.host for a in members}) > 1:
-        here = "the driver's node"
-        where = ", ".join(f"{a.id}@{a.host or here}" for a in members)
-        raise TransportError(f"collective {node.id} ({node.method}) spans hosts ({where}) without GPUs on all: "
-                             "the CPU communicator joins one host's actors; give every member a GPU, put them "
-                             "on one host, or compile with default_communicator=\"gloo\" (or a communicator "
-                             "object; experimental_compile's _default_communicator)")
-    return default if default is not None else "cpu"
-
-
-def _resolve_kind(group: _Group, communicators: Mapping[str, Any], handles: Mapping[str, Any]) -> None:
-    t = group.transport
-    if t in ("cpu", "gloo"):
-        group.kind = t
-    elif t == "nccl":
-        group.kind = plan_gpu_kind(group.members, handles)
-    elif t.startswith("custom:") and t in communicators:
-        group.kind, group.obj = "custom", _as_cgraph(t, communicators[t], group.members, handles)
-        _check_custom(t, group.obj)
-    else:
-        raise CompileError(
-            f"unknown communicator {t!r} for actors {', '.join(group.members)}; use "
-            "'nccl', 'gloo' or 'cpu' (default_communicator=\"gloo\"|\"cpu\") or a communicator object"
-        )
+# --------------------------------------------------------------------------- user objects
+def _user_object(group: CommGroup, communicators: Mapping[str, Any], handles: Mapping[str, Any]) -> Any:
+    """A "custom" group's communicator object, as cgraph runs it and checked; None otherwise."""
+    if group.kind != "custom":
+        return None
+    obj = _as_cgraph(group.transport, communicators[group.transport], group.members, handles)
+    _check_custom(group.transport, obj)
+    return obj
 
 
 def _as_cgraph(name: str, obj: Any, members: tuple[str, ...], handles: Mapping[str, Any]) -> Any:
@@ -337,24 +274,23 @@ def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: Co
             actors, ``custom_comm``), or NCCL actors that share some GPUs.
     """
     graph: Graph = planned.graph
-    groups, of_collective = plan_groups(graph, planned.plan, _default_name(front, options))
+    plan = planned.plan
     res = CommResources(sockets=sockets or {}, rendezvous_timeout_s=options.get_timeout)
-    if not groups:
+    if not plan.groups:
         return res
     try:
         hosts = {a.id: a.host for a in graph.actors}
-        for group in groups.values():
-            _resolve_kind(group, front.communicators, front.handles)
-            _check_local(group, hosts)
+        objects = {g.name: _user_object(g, front.communicators, front.handles) for g in plan.groups}
         programs: dict[str, CommProgram] = {}
-        for group in groups.values():
-            for actor, endpoint in _make_group(res, tag, group, hosts).items():
+        for group in plan.groups:
+            for actor, endpoint in _make_group(res, tag, group, objects[group.name], hosts).items():
                 _program_of(programs, actor).groups[group.name] = endpoint
-        for spec in planned.plan.channels:
+        for spec in plan.channels:
             if spec.kind is ChannelKind.COMM:
-                _add_edge(res, programs, graph, groups[spec.transport], spec, tag, options)
-        for node_id, name in of_collective.items():
-            _add_collective(programs, graph, graph.node(node_id), groups[name])
+                _add_edge(res, programs, graph, plan.group(spec.transport), spec, tag, options)
+        for group in plan.groups:
+            for node_id in group.collectives:
+                _add_collective(programs, graph, graph.node(node_id), group)
         labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
         res.ready = initialize_custom(front.handles, programs, labels, res.rendezvous_timeout_s)
     except BaseException:
@@ -364,35 +300,16 @@ def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: Co
     return res
 
 
-def _default_name(front: FrontEnd, options: CompileOptions) -> str | None:
-    default = options.default_communicator
-    if default is None or isinstance(default, str):
-        return default
-    return next((n for n, obj in front.communicators.items() if obj is default), None)
-
-
 def _program_of(programs: dict[str, CommProgram], actor: str) -> CommProgram:
     if actor not in programs:
         programs[actor] = CommProgram({}, {}, {}, {})
     return programs[actor]
 
 
-def _check_local(group: _Group, hosts: Mapping[str, str]) -> None:
-    """The CPU communicator's links and CUDA IPC's are the driver's shared memory."""
-    remote = [f"{m}@{hosts[m]}" for m in group.members if hosts[m]]
-    if group.kind in ("cpu", "cuda_ipc") and remote:
-        raise TransportError(
-            f"the {group.kind} communicator of actors {', '.join(group.members)} joins actors on the "
-            f"driver's node, but {', '.join(remote)} live on another node; compile with "
-            'default_communicator="gloo" (experimental_compile\'s _default_communicator; torch\'s gloo '
-            "crosses nodes), give the actors GPUs (NCCL does too), pass a communicator object that does, or "
-            "place them on this node"
-        )
-
-
-def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str, str]) -> dict[str, GroupEndpoint]:
+def _make_group(res: CommResources, tag: str, group: CommGroup, obj: Any,
+                hosts: Mapping[str, str]) -> dict[str, GroupEndpoint]:
     kind, n = GROUP_KINDS[group.kind], len(group.members)
-    payloads = kind.make(res, tag, group.name, n, group.obj)
+    payloads = kind.make(res, tag, group.name, n, obj)
     controls: list[Any] = [None] * n
     boards: list[Any] = [None] * n
     if not any(hosts[m] for m in group.members):
@@ -415,7 +332,7 @@ def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str,
 
 
 def _add_edge(
-    res: CommResources, programs: dict[str, CommProgram], graph: Graph, group: _Group,
+    res: CommResources, programs: dict[str, CommProgram], graph: Graph, group: CommGroup,
     spec: Any, tag: str, options: CompileOptions,
 ) -> None:
     (reader,) = spec.readers
@@ -431,7 +348,7 @@ def _add_edge(
         spec.node, spec.writer, rank(spec.writer), group.name, side.reader_handle(0), spec.hint, method)
 
 
-def _add_collective(programs: dict[str, CommProgram], graph: Graph, node: Any, group: _Group) -> None:
+def _add_collective(programs: dict[str, CommProgram], graph: Graph, node: Any, group: CommGroup) -> None:
     options = {k: graph.constants[a.index] for k, a in node.kwargs if not isinstance(a, Ref)}
     outputs = {
         n.key: n.id for n in graph.nodes

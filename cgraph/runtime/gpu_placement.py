@@ -1,15 +1,10 @@
 """Which GPU each actor of a NCCL edge uses, decided from Ray's assignment, not CUDA's state.
 
-At compile, the driver asks every member of a "nccl" group where Ray put it (its node
-and the GPU ids Ray assigned, ``ray.get_gpu_ids()``) and picks the transport; Ray's
-logical GPUs (``ray.init(num_gpus=...)`` on a machine without one) answer the same way,
-so this planning runs in CI::
-
-    members' (node, first GPU id)          transport
-    all the same, two or more members      cuda_ipc  (NCCL refuses two ranks on one GPU)
-    all different                          nccl
-    some shared, some not                  refused: CompileError naming the actors that share
-    a member without a GPU                 refused: CompileError naming it
+At compile, the driver asks every actor once where Ray put it (``placement``: its node
+and the GPU ids Ray assigned, ``ray.get_gpu_ids()``); the planner picks each group's
+kind from that (``scheduler.groups.gpu_kind``: "cuda_ipc" when all share one GPU,
+"nccl" when each has its own). Ray's logical GPUs (``ray.init(num_gpus=...)`` on a
+machine without one) answer the same way, so this planning runs in CI.
 
 In the actor, the communicator is opened on the *first GPU Ray assigned it*: its index
 among the devices this process sees (``CUDA_VISIBLE_DEVICES``, which Ray sets), made
@@ -20,10 +15,8 @@ to some other GPU does not move the communicator.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-from cgraph.errors import CompileError
 
 
 def placement(_self: Any = None) -> tuple[str, tuple[str, ...]]:
@@ -31,43 +24,6 @@ def placement(_self: Any = None) -> tuple[str, tuple[str, ...]]:
     import ray
 
     return ray.get_runtime_context().get_node_id(), tuple(str(g) for g in ray.get_gpu_ids())
-
-
-def gpu_kind(members: Sequence[str], places: Sequence[tuple[str, tuple[str, ...]]]) -> str:
-    """"cuda_ipc" or "nccl" for a group whose members sit at ``places`` (see the module docstring).
-
-    Raises:
-        CompileError: a member has no GPU, or some members share a GPU and others do not.
-    """
-    without = [m for m, (_, ids) in zip(members, places, strict=True) if not ids]
-    if without:
-        raise CompileError(
-            f"actor{'s' if len(without) > 1 else ''} {', '.join(without)} exchange tensors over "
-            "NCCL but Ray assigned no GPU to them; create them with num_gpus (fractional on one "
-            'GPU for CUDA IPC), or compile with default_communicator="cpu" for CPU actors'
-        )
-    devices = [(node, ids[0]) for node, ids in places]
-    if len(devices) > 1 and len(set(devices)) == 1:
-        return "cuda_ipc"
-    if len(set(devices)) != len(devices):
-        shared: dict[tuple[str, str], list[str]] = {}
-        for member, device in zip(members, devices, strict=True):
-            shared.setdefault(device, []).append(member)
-        crowded = "; ".join(f"{', '.join(ms)} on GPU {gpu}" for (_, gpu), ms in shared.items() if len(ms) > 1)
-        raise CompileError(
-            f"actors {', '.join(members)} exchange tensors over NCCL, but some of them share a GPU "
-            f"({crowded}) and others do not; NCCL needs one GPU per actor and CUDA IPC one GPU for "
-            "all. Place them on distinct GPUs (num_gpus=1), or all on one GPU (fractional num_gpus)"
-        )
-    return "nccl"
-
-
-def plan_gpu_kind(members: Sequence[str], handles: Mapping[str, Any]) -> str:
-    """``gpu_kind`` of a group, asking each member actor where Ray placed it."""
-    import ray
-
-    places = ray.get([handles[m].__ray_call__.remote(placement) for m in members])
-    return gpu_kind(members, places)
 
 
 def device_index(gpu_ids: Sequence[str | int], visible: str | None) -> int:

@@ -36,6 +36,7 @@ from cgraph.runtime.endpoints import (
     socket_channel,
 )
 from cgraph.runtime.executor import run_actor_loop
+from cgraph.runtime.gpu_placement import placement
 from cgraph.runtime.inputs import InputUsage
 from cgraph.runtime.monitor import LoopMonitor
 from cgraph.runtime.node_channels import NodeWatch, RemoteSegments, make_remote
@@ -262,7 +263,9 @@ LOCATE_TIMEOUT_S = 60.0
 
 
 def locate_actors(front: FrontEnd) -> Graph:
-    """The front end's graph with ``Actor.host`` filled in ("" = the driver's node).
+    """The front end's graph with each actor's ``host`` ("" = the driver's node) and
+    ``devices`` (the GPU ids Ray assigned it) filled in: one call per actor, the only
+    time compile asks where actors are (``gpu_placement.placement``).
 
     Raises:
         CompileError: an actor of the DAG is not started (a ``Worker.bind()``
@@ -279,7 +282,7 @@ def locate_actors(front: FrontEnd) -> Graph:
             "and bind their methods, or use cgraph.plan(dag) to inspect the schedule only"
         )
     _check_free({a: _actor_key(h) for a, h in front.handles.items()})
-    refs = {a: h.__ray_call__.remote(_node_id) for a, h in front.handles.items()}
+    refs = {a: h.__ray_call__.remote(placement) for a, h in front.handles.items()}
     try:
         found = ray.get(list(refs.values()), timeout=LOCATE_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
@@ -288,11 +291,9 @@ def locate_actors(front: FrontEnd) -> Graph:
             "them is busy (a long method call, or the loop of a compiled graph created by "
             "another driver): wait for it or use other actors"
         ) from None
-    nodes = dict(zip(refs, found, strict=True))
+    places = dict(zip(refs, found, strict=True))
     here = ray.get_runtime_context().get_node_id()
-    actors = tuple(replace(a, host="" if nodes[a.id] == here else nodes[a.id]) for a in graph.actors)
+    actors = tuple(replace(a, host="" if places[a.id][0] == here else places[a.id][0],
+                           devices=places[a.id][1] if a.gpus > 0 else None)
+                   for a in graph.actors)
     return replace(graph, actors=actors)
-
-
-def _node_id(_self: Any) -> str:
-    return ray.get_runtime_context().get_node_id()

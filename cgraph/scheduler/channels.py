@@ -197,10 +197,29 @@ class ChannelSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class CommGroup:
+    """One communicator (``scheduler.groups`` plans them): its members, in rank order, and
+    what runs it. ``transport`` is what the edges and collectives asked for ("nccl",
+    "gloo", "cpu", "custom:<name>"); ``kind`` what runs it ("nccl" becomes "cuda_ipc"
+    when every member sits on one GPU); ``collectives`` the collective nodes it runs."""
+
+    name: str
+    transport: str
+    kind: str
+    members: tuple[ActorId, ...]
+    collectives: tuple[NodeId, ...] = ()
+
+    def __str__(self) -> str:
+        runs = f" for {','.join(self.collectives)}" if self.collectives else ""
+        return f"group {self.name} = {self.kind} {','.join(self.members)} via {self.transport}{runs}"
+
+
+@dataclass(frozen=True, slots=True)
 class ChannelPlan:
-    """Every channel of a graph, in value order."""
+    """Every channel of a graph, in value order, and the communicator groups they use."""
 
     channels: tuple[ChannelSpec, ...]
+    groups: tuple[CommGroup, ...] = ()
     _by_node: dict[NodeId, tuple[ChannelSpec, ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
@@ -223,6 +242,14 @@ class ChannelPlan:
     def for_reader(self, node: NodeId, reader: ActorId) -> ChannelSpec | None:
         """The channel through which ``reader`` gets value ``node``, if any."""
         return self._by_reader.get((node, reader))
+
+    def group(self, name: str) -> CommGroup:
+        """The group called ``name`` (an edge's ``transport`` names its group)."""
+        return next(g for g in self.groups if g.name == name)
+
+    def group_of_collective(self, node: NodeId) -> CommGroup:
+        """The group that runs collective ``node``."""
+        return next(g for g in self.groups if node in g.collectives)
 
     def __str__(self) -> str:
         return format_channels(self)
@@ -332,12 +359,17 @@ _SPEC = re.compile(
     r"(?P<id>\S+) = (?P<kind>\w+) (?P<writer>\w+) -> (?P<readers>[\w,]+) "
     r"via (?P<transport>\S+?)(?: :(?P<hint>\S+))?\Z"
 )
+_GROUP = re.compile(
+    r"group (?P<name>\S+) = (?P<kind>\w+) (?P<members>[\w,]+) via (?P<transport>\S+?)"
+    r"(?: for (?P<collectives>[\w,]+))?\Z"
+)
 _KINDS = {k.value: k for k in ChannelKind}
 
 
 def format_channels(plan: ChannelPlan) -> str:
-    """One channel per line: ``n1>b.comm = comm a -> b via nccl :nccl``."""
-    return "\n".join(str(spec) for spec in plan.channels)
+    """One channel per line, ``n1>b.comm = comm a -> b via nccl :nccl``, then one line per
+    communicator group, ``group nccl = cuda_ipc a,b via nccl for n4``."""
+    return "\n".join([*(str(spec) for spec in plan.channels), *(str(g) for g in plan.groups)])
 
 
 def parse_channels(text: str) -> ChannelPlan:
@@ -346,9 +378,18 @@ def parse_channels(text: str) -> ChannelPlan:
     Raises:
         GraphSyntaxError: naming the line that does not parse.
     """
-    specs = []
+    specs, groups = [], []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
+            continue
+        if line.strip().startswith("group "):
+            g = _GROUP.match(line.strip())
+            if g is None:
+                raise GraphSyntaxError(
+                    f"line {lineno}: expected 'group NAME = KIND MEMBERS via TRANSPORT [for NODES]'\n    {line}")
+            collectives = tuple(g["collectives"].split(",")) if g["collectives"] else ()
+            groups.append(CommGroup(g["name"], g["transport"], g["kind"], tuple(g["members"].split(",")),
+                                    collectives))
             continue
         m = _SPEC.match(line.strip())
         if m is None or m["kind"] not in _KINDS:
@@ -359,4 +400,4 @@ def parse_channels(text: str) -> ChannelPlan:
         hint = _parse_hint(m["hint"]) if m["hint"] else None
         readers = tuple(m["readers"].split(","))
         specs.append(ChannelSpec(m["id"], node, _KINDS[m["kind"]], m["writer"], readers, m["transport"], hint))
-    return ChannelPlan(tuple(specs))
+    return ChannelPlan(tuple(specs), tuple(groups))

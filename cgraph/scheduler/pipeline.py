@@ -1,6 +1,7 @@
 """The pass pipeline: graph -> channel plan -> schedule, checked between passes.
 
     plan_channels   which channel carries each edge
+    plan_groups     which actors share each communicator, and what kind runs it
     lower           per-actor ops in bind order, comm pairs co-scheduled
     overlap         (when asked) comm stream, RECVs hoisted
 
@@ -11,12 +12,13 @@ every pass (the caller wires ``CGRAPH_DEBUG=1`` to it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 
 from cgraph.ir.graph import Graph
 from cgraph.scheduler.channels import ChannelPlan, format_channels, plan_channels
 from cgraph.scheduler.deadlock import raise_on_deadlock
+from cgraph.scheduler.groups import plan_groups
 from cgraph.scheduler.lower import lower
 from cgraph.scheduler.ops import Schedule, format_schedule
 from cgraph.scheduler.overlap import overlap as overlap_schedule
@@ -48,6 +50,7 @@ def plan_schedule(
     overlap: bool = False,
     check: bool = True,
     default_communicator: str | None = None,
+    customs: Collection[str] | None = None,
     dump: Callable[[str, str], None] | None = None,
 ) -> Planned:
     """Run the pipeline on ``graph``.
@@ -57,7 +60,8 @@ def plan_schedule(
         overlap: run the overlap pass (``_overlap_gpu_communication=True``).
         check: verify the invariants after each pass.
         default_communicator: communicator for NCCL edges between actors
-            without GPUs (see ``plan_channels``).
+            without GPUs (see ``plan_channels``), and for collectives (``plan_groups``).
+        customs: the "custom:<name>" communicators given as objects; None: not checked.
         dump: called as ``dump(pass_name, text)`` after each pass.
 
     Returns:
@@ -65,10 +69,12 @@ def plan_schedule(
 
     Raises:
         TransportError, DAGValidationError: from ``plan_channels``.
+        TransportError, CompileError: from ``plan_groups``.
         DeadlockError: a schedule cannot finish; the evidence is attached.
         ScheduleInvariantError: a pass broke an invariant (a cgraph bug).
     """
     plan = plan_channels(graph, default_communicator=default_communicator)
+    plan = replace(plan, groups=plan_groups(graph, plan.channels, default_communicator, customs))
     if dump is not None:
         dump("plan_channels", format_channels(plan))
     schedule: Schedule = {}

@@ -28,7 +28,7 @@ from cgraph.channels.opener import open_endpoint
 from cgraph.comm.communicator import Communicator
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, parse_graph
-from cgraph.runtime.communicators import GROUP_KINDS, plan_groups, setup_communicators
+from cgraph.runtime.communicators import GROUP_KINDS, setup_communicators
 from cgraph.runtime.endpoints import create_channel
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.executor import HANDLERS, after_overlapped_sends, run_actor_loop
@@ -277,12 +277,9 @@ def test_every_group_kind_has_a_row_and_groups_are_planned_per_transport() -> No
     assert set(GROUP_KINDS) == {"cpu", "gloo", "nccl", "cuda_ipc", "custom"}
     graph = parse_graph(COLLECTIVE.format(method="allreduce"))
     planned = plan_schedule(graph, default_communicator="cpu")
-    groups, of_collective = plan_groups(graph, planned.plan, "cpu")
-    assert {n: g.members for n, g in groups.items()} == {"cpu": ("a", "b")}
-    assert of_collective == {"n3": "cpu"}
+    assert [str(g) for g in planned.plan.groups] == ["group cpu = cpu a,b via cpu for n3"]
     planned = plan_schedule(parse_graph(CHAIN), default_communicator="cpu")
-    groups, _ = plan_groups(planned.graph, planned.plan, "cpu")
-    assert {n: g.members for n, g in groups.items()} == {"cpu": ("a", "b", "c")}
+    assert [str(g) for g in planned.plan.groups] == ["group cpu = cpu a,b,c via cpu"]
 
 
 def test_handlers_table_covers_every_op_kind() -> None:

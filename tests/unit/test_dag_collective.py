@@ -23,8 +23,8 @@ from cgraph.collective import ReduceOp
 from cgraph.collective.dag_ops import allgather, allreduce, reducescatter
 from cgraph.dag.adapter import uses_cgraph_input
 from cgraph.ir import format_graph, parse_graph
-from cgraph.runtime.communicators import plan_groups
 from cgraph.scheduler import find_deadlock, format_schedule, raise_on_deadlock, verify
+from cgraph.scheduler.groups import plan_groups
 from cgraph.scheduler.ops import OpKind, Stream
 from cgraph.visualize import dag_to_dot, schedule_to_dot
 
@@ -204,8 +204,9 @@ def _groups(dag, default=None, hosts=None):
 
         graph = replace(graph, actors=tuple(replace(a, host=hosts[a.id]) for a in graph.actors))
     plan = cgraph.plan(dag).plan
-    groups, of = plan_groups(graph, plan, default)
-    return {name: (g.transport, g.members) for name, g in groups.items()}, of
+    groups = plan_groups(graph, plan.channels, default)
+    return ({g.name: (g.transport, g.members) for g in groups},
+            {node: g.name for g in groups for node in g.collectives})
 
 
 def test_cpu_members_use_the_cpu_communicator_without_a_default():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cgraph.errors import CompileError
-from cgraph.runtime.gpu_placement import device_index, gpu_kind
+from cgraph.runtime.gpu_placement import device_index
+from cgraph.scheduler.groups import gpu_kind
 
 
 def test_members_on_one_gpu_use_cuda_ipc() -> None:

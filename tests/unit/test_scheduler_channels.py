@@ -210,3 +210,76 @@ def test_channel_text_round_trips() -> None:
 def test_bad_channel_text_names_the_line() -> None:
     with pytest.raises(GraphSyntaxError, match="line 2: expected 'ID = KIND"):
         parse_channels("n0.shm = shm driver -> a via shm\nn1.shm = bogus")
+
+
+# --------------------------------------------------------------------------- groups
+GPU_PAIR = """
+actor a = W(gpus={ga}, devices={da})
+actor b = W(gpus={gb}, devices={db})
+actor c = W(gpus=0)
+n0 = input
+n1 = a.f(n0) :nccl
+n2 = b.g(n1)
+n3 = c.h(n0)
+n4 = b.k(n3) :custom:mine
+n5 = c.m(n4)
+n6 = allreduce(n2, n5)
+n7 = n6[0]
+n8 = n6[1]
+return [n7, n8]
+"""
+
+
+def _planned(**where):
+    from cgraph.scheduler import plan_schedule
+
+    return plan_schedule(parse_graph(GPU_PAIR.format(**where)), default_communicator="gloo", customs=("custom:mine",))
+
+
+def test_the_plan_names_every_group_its_kind_members_and_collectives_and_its_text_inverts():
+    plan = _planned(ga=0.5, da="0", gb=0.5, db="0").plan
+    assert [str(g) for g in plan.groups] == [
+        "group nccl = cuda_ipc a,b via nccl",  # both on GPU 0 of one node: NCCL cannot, CUDA IPC can
+        "group custom:mine = custom b,c via custom:mine",
+        "group gloo = gloo b,c via gloo for n6",
+    ]
+    assert parse_channels(format_channels(plan)) == plan
+    assert plan.group_of_collective("n6").name == "gloo" and plan.group("nccl").kind == "cuda_ipc"
+
+
+def test_a_group_on_gpus_of_their_own_is_nccl_and_unlocated_actors_plan_as_nccl():
+    assert _planned(ga=1, da="0", gb=1, db="1").plan.group("nccl").kind == "nccl"
+    unlocated = GPU_PAIR.replace(", devices={da}", "").replace(", devices={db}", "").format(ga=1, gb=1)
+    from cgraph.scheduler import plan_schedule
+
+    assert plan_schedule(parse_graph(unlocated), default_communicator="gloo").plan.group("nccl").kind == "nccl"
+
+
+def test_gpus_that_neither_nccl_nor_cuda_ipc_can_serve_are_refused_at_planning():
+    from cgraph.errors import CompileError
+
+    with pytest.raises(CompileError, match="Ray assigned no GPU"):
+        _planned(ga=1, da="-", gb=1, db="1")
+    with pytest.raises(CompileError, match="unknown communicator 'custom:mine'"):
+        from cgraph.scheduler import plan_schedule
+
+        plan_schedule(parse_graph(GPU_PAIR.format(ga=1, da="0", gb=1, db="1")), default_communicator="gloo",
+                      customs=())
+
+
+def test_a_cpu_group_off_the_drivers_node_is_refused_at_planning():
+    text = GPU_PAIR.format(ga=0, da="-", gb=0, db="-").replace("actor c = W(gpus=0)", "actor c = W(gpus=0, host=n2)")
+    text = text.replace(" :nccl", "").replace(", devices=-", "")
+    from cgraph.scheduler import plan_schedule
+
+    with pytest.raises(TransportError, match="cpu communicator of actors b, c"):
+        plan_schedule(parse_graph(text), default_communicator="cpu", customs=("custom:mine",))
+
+
+def test_where_ray_put_an_actor_prints_and_parses_back():
+    text = "actor a = W(gpus=2, host=3f2a, devices=0+1)\nactor b = W(gpus=1, devices=-)\nactor c = W(gpus=0)\n" \
+           "n0 = input\nn1 = a.f(n0)\nn2 = b.g(n1)\nn3 = c.h(n2)\nreturn n3"
+    graph = parse_graph(text)
+    assert [a.devices for a in graph.actors] == [("0", "1"), (), None]
+    assert str(graph).splitlines()[:3] == text.splitlines()[:3]
+    assert parse_graph(str(graph)) == graph

