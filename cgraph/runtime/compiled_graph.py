@@ -13,23 +13,23 @@ read; one more raises ``CapacityError`` instead of hanging. A failure anywhere
 (an actor death seen by the monitor, a teardown) closes every channel, which
 wakes every waiter on the driver and in every actor.
 
-Two locks, so that a get() waiting for a slow result never holds up execute()
-(``await execute_async`` in one coroutine while another awaits a result):
+The reading half is an object the graph owns (``results.Outputs``). Two locks, so
+that a get() waiting for a slow result never holds up execute() (``await
+execute_async`` in one coroutine while another awaits a result):
 
-    _submit_lock   execute(): the input channel and the execution counter
-    _lock          get(): the output channels (read one execution at a time)
-                   and the buffered results; execute() takes it only to read
-                   away dropped executions when it is out of room
+    _submit_lock    execute(): the input channel and the execution counter
+    _outputs.lock   get(): the output channels (read one execution at a time)
+                    and the buffered results; execute() takes it only to read
+                    away dropped executions when it is out of room
 
 A ref dropped unread (``__del__``, from any thread) only queues its index;
-whoever holds ``_lock`` next applies it.
+whoever holds ``_outputs.lock`` next applies it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import contextlib
 import functools
 import itertools
@@ -61,11 +61,10 @@ from cgraph.errors import (
     with_compat,
 )
 from cgraph.runtime.inputs import InputUsage
-from cgraph.runtime.monitor import DEATH_GRACE_S
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Recorder
 from cgraph.runtime.refs import CompiledFuture, CompiledFutureList, CompiledRef, CompiledRefList
-from cgraph.runtime.results import OutputReader, deadline_after
+from cgraph.runtime.results import GraphState, Outputs, WouldBlock
 from cgraph.runtime.timeline import TIMELINE_ENV, collect, records
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ class DriverEndpoints:
     resources: list[Any]  # channel resources to close and unlink at teardown
 
 
-class CompiledGraph(OutputReader):
+class CompiledGraph:
     """A compiled DAG, ready to execute many times. Build it with ``cgraph.compile``."""
 
     def __init__(
@@ -124,30 +123,16 @@ class CompiledGraph(OutputReader):
         self._labels = labels
         self._multi_output = multi_output
         self._on_teardown = on_teardown
-        self._lock = threading.RLock()
         self._submit_lock = threading.Lock()
-        self._dropped: collections.deque[tuple[int, int | None]] = collections.deque()
         self._teardown_lock = threading.Lock()
-        self._torn_down = False
-        self._failure: RuntimeGraphError | None = None
-        self._failed = threading.Event()  # set with _failure, by the monitor
         self._submitted = 0
-        self._next_read = 0
-        self._partial: dict[str, Any] = {}
-        self._results: dict[int, Any] = {}
-        self._discarded: set[int] = set()
-        self._unread: dict[int, int] = {}  # multi-output: outputs not yet read or dropped
-        self._inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-        self._keeps_inputs = any(kind == "input" for kind, _ in endpoints.output_spec)
-        # one output, a node's value: get() reads it straight from its channel (_get_single)
-        self._single = (next(iter(endpoints.output_readers.values()))
-                        if not multi_output and len(endpoints.output_readers) == 1
-                        and [k for k, _ in endpoints.output_spec] == ["node"] else None)
         self._monitor: Any = None
         self.drawer: Any = None  # compiler.draw_schedule(planned, filename, format=, ...): set by the compiler
         self.tracer: Any = None  # cgraph.visualize (trace_of, explain, draw_timeline): set by the compiler
         self._tag = tag
         self._recorder = Recorder(2 * options.timeline_executions) if records(options) else None
+        self._state = GraphState()
+        self._outputs = Outputs(options, endpoints, multi_output, self._recorder, self._state)
         _LIVE.add(self)
         _torn_down_by_ray_shutdown(self)
 
@@ -178,14 +163,13 @@ class CompiledGraph(OutputReader):
         submitted) where it would have to wait: for another execute, for room, or
         for the input channel."""
         if not self._submit_lock.acquire(blocking=blocking):
-            raise _WouldBlock
+            raise WouldBlock
         try:
-            self._check_usable()
+            self._state.check_usable()
             self._input_usage.check(args, kwargs)
-            self._make_room(blocking)
+            self._outputs.make_room(self._submitted, blocking)
             index = self._submitted
-            if self._keeps_inputs:  # before the write: a fast reader may need it
-                self._inputs_kept[index] = (args, kwargs)
+            self._outputs.keep_inputs(index, args, kwargs)  # before the write: a fast reader may need them
             start = time.perf_counter_ns()
             try:
                 if self._ep.input_writer is not None:
@@ -193,17 +177,15 @@ class CompiledGraph(OutputReader):
                 if self._recorder is not None:
                     self._recorder.add("execute", "driver", index, start, time.perf_counter_ns())
             except BaseException:
-                self._inputs_kept.pop(index, None)
+                self._outputs.drop_inputs(index)
                 raise
-            if self._multi_output:
-                count = len(self._ep.output_spec)
-                self._unread[index] = count
+            self._outputs.expect(index)
             self._submitted = index + 1
         finally:
             self._submit_lock.release()
         if not self._multi_output:
             return CompiledRef(self, index)
-        return CompiledRefList(CompiledRef(self, index, k) for k in range(count))
+        return CompiledRefList(CompiledRef(self, index, k) for k in range(len(self._ep.output_spec)))
 
     async def execute_async(self, *args: Any, **kwargs: Any) -> CompiledFuture | CompiledFutureList:
         """``fut = await compiled.execute_async(x); result = await fut``.
@@ -215,7 +197,7 @@ class CompiledGraph(OutputReader):
         """
         try:
             refs = self._execute(args, kwargs, blocking=False)
-        except _WouldBlock:
+        except WouldBlock:
             loop = asyncio.get_running_loop()
             refs = await loop.run_in_executor(None, functools.partial(self._execute, args, kwargs, True))
         if isinstance(refs, CompiledRefList):
@@ -296,11 +278,11 @@ class CompiledGraph(OutputReader):
         if timeout is None:
             timeout = self.options.teardown_timeout
         with self._teardown_lock:
-            if self._torn_down:
+            if self._state.torn_down:
                 if kill_actors:
                     self._kill_actors()
                 return
-            self._torn_down = True
+            self._state.torn_down = True
         if self._recorder is not None and os.environ.get(TIMELINE_ENV) and self.tracer is not None:
             _quietly(lambda: logger.info("timeline written to %s", self.timeline(os.environ[TIMELINE_ENV])))
         try:
@@ -338,7 +320,7 @@ class CompiledGraph(OutputReader):
     @property
     def is_torn_down(self) -> bool:
         """Whether ``teardown()`` has run (or begun): the graph takes no more executions."""
-        return self._torn_down
+        return self._state.torn_down
 
     is_teardown = is_torn_down  # Ray Compiled Graphs' name
 
@@ -354,77 +336,34 @@ class CompiledGraph(OutputReader):
         return str(self.graph_id)
 
     def __del__(self) -> None:
-        if not getattr(self, "_torn_down", True):
+        state = getattr(self, "_state", None)
+        if state is not None and not state.torn_down:
             _quietly(lambda: self.teardown(timeout=2.0))
 
     # ------------------------------------------------------------------ internals
     def _start_monitor(self, monitor: Any) -> None:
         self._monitor = monitor
 
+    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
+        """For refs (``refs.Results``): execution ``index``'s result, or its output ``output``."""
+        return self._outputs.get(index, timeout, output)
+
+    def _discard_result(self, index: int, output: int | None = None) -> None:
+        """For refs: the ref of ``index`` (or of its output ``output``) was dropped unread."""
+        self._outputs.discard(index, output)
+
     def _fail(self, error: RuntimeGraphError) -> None:
         """Called by the monitor: remember why, and wake every waiter."""
-        if self._failure is None:
-            self._failure = with_compat(error)  # type: ignore[assignment]
-        self._failed.set()
+        self._state.fail(error)
         for res in self._ep.resources:
             _quietly(res.close)
-
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-        if self._torn_down:
-            raise with_compat(
-                GraphTornDownError("this compiled graph was torn down; compile the DAG again to run it")
-            )
-
-    def _closed_error(self, cause: ChannelClosedError | None = None) -> RuntimeGraphError:
-        """Why a driver channel closed under a waiter: the monitor's verdict, else teardown.
-
-        A socket channel whose writer vanished (``ChannelLostError``) ends before the
-        monitor has seen why (an actor's death, or a loop that lost a channel): the
-        waiter waits for its verdict (it waits ``DEATH_GRACE_S`` for a death), and
-        reports the lost channel itself if none comes.
-        """
-        if isinstance(cause, ChannelLostError) and not self._torn_down:
-            self._failed.wait(DEATH_GRACE_S + 2.0)
-            if self._failure is None:
-                return with_compat(cause)  # type: ignore[no-any-return]
-        if self._failure is not None:
-            return self._failure
-        return with_compat(
-            GraphTornDownError("the compiled graph was torn down while waiting for a result")
-        )
-
-    def _make_room(self, blocking: bool) -> None:
-        """Room for one more execution in the channels; reads away executions
-        whose refs were all dropped, if that is what fills them."""
-        limit = self.options.max_inflight_executions
-        while self._submitted - self._next_read >= limit:
-            if not self._lock.acquire(blocking=blocking):  # a get() is reading: wait for it
-                raise _WouldBlock
-            try:
-                self._apply_dropped()
-                if self._submitted - self._next_read < limit:
-                    break
-                if self._next_read not in self._discarded:
-                    inflight = self._submitted - self._next_read
-                    raise with_compat(CapacityError(
-                        f"The compiled graph can't have more than {limit} in-flight executions, "
-                        f"and you currently have {inflight} in-flight executions. Retrieve an "
-                        "output using ray.get before submitting more requests or increase "
-                        "`_max_inflight_executions`. (cgraph: their results are not yet taken "
-                        "from the graph; call get() on earlier refs first, or compile with a "
-                        "larger max_inflight_executions.)"))
-                self._read_next(deadline=deadline_after(self.options.get_timeout))
-            finally:
-                self._lock.release()
 
     def _write_input(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> None:
         try:
             self._ep.input_writer.write((args, kwargs), timeout=self.options.submit_timeout if blocking else 0)
         except ChannelTimeoutError:
             if not blocking:
-                raise _WouldBlock from None
+                raise WouldBlock from None
             raise with_compat(
                 TimeoutError(
                     f"could not submit within submit_timeout={self.options.submit_timeout}s: "
@@ -432,17 +371,13 @@ class CompiledGraph(OutputReader):
                 )
             ) from None
         except ChannelClosedError as exc:
-            raise self._closed_error(exc) from None
+            raise self._state.closed_error(exc) from None
         except RuntimeGraphError:
             raise
         except Exception as exc:  # serialization failed before anything was written
             raise ExecuteArgumentError(
                 f"execute() arguments cannot be sent to the actors: {type(exc).__name__}: {exc}"
             ) from exc
-
-
-class _WouldBlock(Exception):  # noqa: N818 - control flow inside this module
-    """A non-blocking submit (execute_async's first try) would have to wait."""
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

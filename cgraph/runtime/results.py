@@ -1,22 +1,29 @@
-"""The ``get()`` half of a compiled graph: reading executions' outputs in order.
+"""The reading half of a compiled graph: its outputs, taken in execution order.
 
-``CompiledGraph`` inherits ``OutputReader``: the output channels are read one
-execution at a time, strictly in execution order (reading execution 5 first
-buffers 0..4, within ``max_buffered_results``); a multi-output execution's
-outputs are each read once, and an error in any of them is every output's
-result, as in Ray. Every method here runs with ``CompiledGraph._lock`` held
-(``_discard_result`` takes it itself, or queues the drop for whoever holds it).
+``CompiledGraph`` owns one ``Outputs`` (and one ``GraphState``, which both read):
+the output channels are read one execution at a time, strictly in execution
+order (reading execution 5 first buffers 0..4, within ``max_buffered_results``);
+a multi-output execution's outputs are each read once, and an error in any of
+them is every output's result, as in Ray. ``Outputs.lock`` guards the reading;
+``discard`` (a ref dropped unread, from ``__del__``) takes it itself, or queues
+the drop for whoever holds it.
+
+    GraphState    failure (the monitor's verdict), torn_down, closed_error(cause)
+    Outputs       get(i, timeout, output), discard(i, output): for refs
+                  keep_inputs / drop_inputs / expect / make_room: for execute()
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from typing import Any
 
 from cgraph.errors import (
     CapacityError,
     ChannelClosedError,
+    ChannelLostError,
     ChannelTimeoutError,
     GraphTornDownError,
     RuntimeGraphError,
@@ -24,36 +31,131 @@ from cgraph.errors import (
     with_compat,
 )
 from cgraph.runtime.error_value import ErrorValue
+from cgraph.runtime.monitor import DEATH_GRACE_S
 from cgraph.runtime.options import CompileOptions
 
 
-class OutputReader:
+class GraphState:
+    """Whether a graph still runs, and why not: the monitor's verdict, or its teardown."""
+
+    def __init__(self) -> None:
+        self.failure: RuntimeGraphError | None = None
+        self.torn_down = False
+        self.failed = threading.Event()  # set with ``failure``, by the monitor
+
+    def fail(self, error: RuntimeGraphError) -> None:
+        """The monitor's verdict (the first one stays); wakes who waits for it."""
+        if self.failure is None:
+            self.failure = with_compat(error)  # type: ignore[assignment]
+        self.failed.set()
+
+    def check_usable(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        if self.torn_down:
+            raise with_compat(
+                GraphTornDownError("this compiled graph was torn down; compile the DAG again to run it")
+            )
+
+    def closed_error(self, cause: ChannelClosedError | None = None) -> RuntimeGraphError:
+        """Why a driver channel closed under a waiter: the monitor's verdict, else teardown.
+
+        A socket channel whose writer vanished (``ChannelLostError``) ends before the
+        monitor has seen why (an actor's death, or a loop that lost a channel): the
+        waiter waits for its verdict (it waits ``DEATH_GRACE_S`` for a death), and
+        reports the lost channel itself if none comes.
+        """
+        if isinstance(cause, ChannelLostError) and not self.torn_down:
+            self.failed.wait(DEATH_GRACE_S + 2.0)
+            if self.failure is None:
+                return with_compat(cause)  # type: ignore[no-any-return]
+        if self.failure is not None:
+            return self.failure
+        return with_compat(
+            GraphTornDownError("the compiled graph was torn down while waiting for a result")
+        )
+
+
+class WouldBlock(Exception):  # noqa: N818 - control flow between execute() and its callers
+    """A non-blocking submit (execute_async's first try) would have to wait."""
+
+
+class Outputs:
     """Reads, buffers and hands out the outputs of executions (see the module docstring).
 
-    The state lives on the ``CompiledGraph`` that inherits this class; it is
-    declared here so that the reading code can be read on its own.
+    Args:
+        endpoints: the driver's endpoints (``output_readers``, ``output_spec``).
+        multi_output: a MultiOutputNode's graph (one ref per output).
+        recorder: the timeline's recorder, or None when the graph records none.
     """
 
-    options: CompileOptions
-    _ep: Any  # DriverEndpoints: output_readers, output_spec
-    _lock: Any
-    _dropped: collections.deque[tuple[int, int | None]]
-    _torn_down: bool
-    _failure: RuntimeGraphError | None
-    _multi_output: bool
-    _next_read: int
-    _partial: dict[str, Any]
-    _results: dict[int, Any]
-    _discarded: set[int]
-    _unread: dict[int, int]
-    _inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]]
-    _single: Any
-    _recorder: Any  # runtime.recording.Recorder, or None when the graph records no timeline
+    def __init__(self, options: CompileOptions, endpoints: Any, multi_output: bool, recorder: Any,
+                 state: GraphState) -> None:
+        self.options = options
+        self._ep = endpoints
+        self._multi_output = multi_output
+        self._recorder = recorder
+        self._state = state
+        self.lock = threading.RLock()
+        self._dropped: collections.deque[tuple[int, int | None]] = collections.deque()
+        self._next_read = 0
+        self._partial: dict[str, Any] = {}
+        self._results: dict[int, Any] = {}
+        self._discarded: set[int] = set()
+        self._unread: dict[int, int] = {}  # multi-output: outputs not yet read or dropped
+        self._inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self._keeps_inputs = any(kind == "input" for kind, _ in endpoints.output_spec)
+        # one output, a node's value: get() reads it straight from its channel (_get_single)
+        self._single = (next(iter(endpoints.output_readers.values()))
+                        if not multi_output and len(endpoints.output_readers) == 1
+                        and [k for k, _ in endpoints.output_spec] == ["node"] else None)
 
-    def _closed_error(self, cause: ChannelClosedError | None = None) -> RuntimeGraphError:
-        raise NotImplementedError  # CompiledGraph's: the monitor's verdict, else teardown
+    # ------------------------------------------------------------------ for execute()
+    def keep_inputs(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before execution ``index`` is written: an output that is the input itself needs them."""
+        if self._keeps_inputs:
+            self._inputs_kept[index] = (args, kwargs)
 
-    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
+    def drop_inputs(self, index: int) -> None:
+        """Execution ``index`` was never written."""
+        self._inputs_kept.pop(index, None)
+
+    def expect(self, index: int) -> None:
+        """Execution ``index`` is written: each of its outputs is to be read or dropped."""
+        if self._multi_output:
+            self._unread[index] = len(self._ep.output_spec)
+
+    def make_room(self, submitted: int, blocking: bool) -> None:
+        """Room for execution ``submitted`` in the channels; reads away executions whose
+        refs were all dropped, if that is what fills them.
+
+        Raises:
+            CapacityError: ``max_inflight_executions`` executions wait to be read.
+            WouldBlock: ``blocking`` is False and a get() holds the lock.
+        """
+        limit = self.options.max_inflight_executions
+        while submitted - self._next_read >= limit:
+            if not self.lock.acquire(blocking=blocking):  # a get() is reading: wait for it
+                raise WouldBlock
+            try:
+                self._apply_dropped()
+                if submitted - self._next_read < limit:
+                    break
+                if self._next_read not in self._discarded:
+                    inflight = submitted - self._next_read
+                    raise with_compat(CapacityError(
+                        f"The compiled graph can't have more than {limit} in-flight executions, "
+                        f"and you currently have {inflight} in-flight executions. Retrieve an "
+                        "output using ray.get before submitting more requests or increase "
+                        "`_max_inflight_executions`. (cgraph: their results are not yet taken "
+                        "from the graph; call get() on earlier refs first, or compile with a "
+                        "larger max_inflight_executions.)"))
+                self._read_next(deadline=deadline_after(self.options.get_timeout))
+            finally:
+                self.lock.release()
+
+    # ------------------------------------------------------------------ for refs
+    def get(self, index: int, timeout: float | None, output: int | None = None) -> Any:
         """Execution ``index``'s result, or only its output number ``output``."""
         if self._recorder is None:
             return self._take_result(index, timeout, output)
@@ -67,13 +169,13 @@ class OutputReader:
         if timeout is None:
             timeout = self.options.get_timeout
         deadline = deadline_after(timeout)
-        with self._lock:
+        with self.lock:
             if self._dropped:
                 self._apply_dropped()
             if index not in self._results:
-                if self._failure is not None:
-                    raise self._failure
-                if self._torn_down:
+                if self._state.failure is not None:
+                    raise self._state.failure
+                if self._state.torn_down:
                     raise with_compat(GraphTornDownError(
                         "the compiled graph was torn down before this result was read"))
                 if self._single is not None and index == self._next_read and not self._partial:
@@ -114,7 +216,7 @@ class OutputReader:
                 "execution was read before them; compile with a larger max_buffered_results.)"))
 
     def _get_single(self, index: int, deadline: float | None) -> Any:
-        """``_get_result`` of the next execution of a one-output graph, without the
+        """``get`` of the next execution of a one-output graph, without the
         bookkeeping of several outputs (most calls: execute, then get)."""
         reader = self._single
         try:
@@ -122,7 +224,7 @@ class OutputReader:
         except ChannelTimeoutError:
             raise self._timeout_error(index) from None
         except ChannelClosedError as exc:
-            raise self._closed_error(exc) from None
+            raise self._state.closed_error(exc) from None
         except RuntimeGraphError:
             raise
         except Exception as exc:  # noqa: BLE001 - the slot is released; the execution is read
@@ -156,20 +258,20 @@ class OutputReader:
             self._discarded.add(index)
         self._inputs_kept.pop(index, None)
 
-    def _discard_result(self, index: int, output: int | None = None) -> None:
+    def discard(self, index: int, output: int | None = None) -> None:
         """A ref was dropped unread (from ``__del__``: any thread, any moment). Queued,
-        and applied now only if ``_lock`` is free: a get() may hold it for long."""
-        if self._torn_down:
+        and applied now only if ``lock`` is free: a get() may hold it for long."""
+        if self._state.torn_down:
             return
         self._dropped.append((index, output))
-        if self._lock.acquire(blocking=False):
+        if self.lock.acquire(blocking=False):
             try:
                 self._apply_dropped()
             finally:
-                self._lock.release()
+                self.lock.release()
 
     def _apply_dropped(self) -> None:
-        """With ``_lock`` held: forget the results of the refs dropped unread."""
+        """With ``lock`` held: forget the results of the refs dropped unread."""
         while self._dropped:
             index, output = self._dropped.popleft()
             if output is None:
@@ -201,7 +303,7 @@ class OutputReader:
                 except ChannelTimeoutError:
                     continue
                 except ChannelClosedError as exc:
-                    raise self._closed_error(exc) from None
+                    raise self._state.closed_error(exc) from None
                 except RuntimeGraphError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the slot is released

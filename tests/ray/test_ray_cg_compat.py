@@ -341,7 +341,7 @@ def test_error_in_one_output_raises_without_waiting_for_slow_outputs(make):
         with pytest.raises(ValueError, match="bad input 2"):
             refs[1].get(timeout=30)
         assert ray.get(compiled.execute(3), timeout=30) == [3, 3]
-        assert not compiled._results, "nothing of the failed executions stays buffered"
+        assert not compiled._outputs._results, "nothing of the failed executions stays buffered"
 
 
 def test_an_execution_that_raised_early_is_finished_while_its_other_refs_are_held(make):
@@ -364,7 +364,7 @@ def test_an_execution_that_raised_early_is_finished_while_its_other_refs_are_hel
         assert time.monotonic() - start < 0.5, "the held ref has its result already"
         assert ray.get(second, timeout=30) == [1, 1]
         assert ray.get(third, timeout=30) == [3, 3]
-        assert not compiled._results, "nothing of the failed execution stays buffered"
+        assert not compiled._outputs._results, "nothing of the failed execution stays buffered"
 
 
 # --------------------------------------------------------------------------- asyncio
@@ -574,7 +574,7 @@ def test_capacity_counts_executions_in_the_channels_and_buffered_results_apart(m
             compiled.execute(-1).get(timeout=30)  # the list reads both; output 1 raised
         later = [compiled.execute(5), compiled.execute(6)]
         assert [r.get(timeout=30) for r in later] == [[6, 5], [7, 6]], "capacity is all back"
-        assert not compiled._results
+        assert not compiled._outputs._results
 
 def test_a_with_block_tears_the_graph_down(make):
     (a,) = make(Worker, 1)
@@ -723,8 +723,8 @@ def test_rays_profiling_switch_records_rays_task_events(make, monkeypatch):
 # --------------------------------------------------------------------------- Ray's ref destruction
 def _nothing_kept(compiled) -> bool:
     """No result buffered, no drop pending, no execution waiting to be read away."""
-    return not (compiled._results or compiled._discarded or compiled._unread or compiled._dropped
-                or compiled._inputs_kept)
+    out = compiled._outputs
+    return not (out._results or out._discarded or out._unread or out._dropped or out._inputs_kept)
 
 
 def test_a_dropped_output_of_a_later_execution_is_released_with_it(make):
@@ -737,7 +737,7 @@ def test_a_dropped_output_of_a_later_execution_is_released_with_it(make):
         del one  # dropped before anything was read
         assert _nothing_kept(compiled) is False, "execution 1 still waits for its other output"
         assert ray.get(two) == 6  # reads (and buffers) execution 0 first
-        assert len(compiled._results) == 1, "only execution 0's results are kept, for `first`"
+        assert len(compiled._outputs._results) == 1, "only execution 0's results are kept, for `first`"
         assert ray.get(first) == [1, 2]
         assert _nothing_kept(compiled)
         solo = compiled.execute(3)[0]  # the other ref dropped at once, unread

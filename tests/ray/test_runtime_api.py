@@ -96,7 +96,7 @@ def test_one_thread_submits_while_another_reads(pair):
             t.join(timeout=120)
         assert not any(t.is_alive() for t in threads)
         assert results == [[2 * (i + 1), i + 1] for i in range(count)]
-        assert not compiled._results and not compiled._unread
+        assert not compiled._outputs._results and not compiled._outputs._unread
     finally:
         compiled.teardown()
 
