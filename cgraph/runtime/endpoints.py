@@ -3,7 +3,7 @@
 The driver creates every channel (``create_channel``): shared memory of its own
 node itself, another node's through an actor there (``node_channels``), sockets
 through its control server; it ships picklable endpoint handles to the actors,
-which ``open_reader``/``open_writer`` them inside their loops. In-process
+which open them inside their loops (``channels.opener.open_endpoint``). In-process
 channels have no driver-side resource: the actor creates them on first use,
 keyed by graph tag and channel id.
 """
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
-from cgraph.channels.opener import open_endpoint
 from cgraph.channels.relay import RelayHandle
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle, ShmReader
 from cgraph.errors import ChannelClosedError, CompileError
@@ -224,14 +223,6 @@ def create_channel(spec: Any, *, tag: str, options: CompileOptions, secret: byte
             "use transport='shm' (or 'auto') on that edge"
         )
     return factory(spec, Allocation(tag, options, secret, tls, remote or {}), ends)
-
-
-def open_reader(handle: Any) -> Any:
-    return open_endpoint(handle)
-
-
-def open_writer(handle: Any) -> Any:
-    return open_endpoint(handle)
 
 
 class FanOutWriter:

@@ -23,12 +23,13 @@ from typing import Any
 
 from cgraph import _spans
 from cgraph.channels.intra_channel import IntraWriter
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.shm_channel import ShmWriter
 from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError
 from cgraph.runtime import coverage_hook
 from cgraph.runtime.affinity import pin_thread
 from cgraph.runtime.comm_ops import Pending, comm_state, handle_collective, handle_recv, handle_send
-from cgraph.runtime.endpoints import forget_local, open_reader, open_writer
+from cgraph.runtime.endpoints import forget_local
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.node_channels import watch_node
 from cgraph.runtime.program import (
@@ -56,9 +57,9 @@ class Context:
         self.program = program
         self.execution = 0
         self.values: dict[str, Any] = {}
-        self.readers = {node: open_reader(h) for node, h in program.readers.items()}
+        self.readers = {node: open_endpoint(h) for node, h in program.readers.items()}
         self.writers = {
-            node: tuple(open_writer(h) for h in hs) for node, hs in program.writers.items()
+            node: tuple(open_endpoint(h) for h in hs) for node, hs in program.writers.items()
         }
         # values written only to in-process channels: a Pending one passes through
         # unresolved, so a collective or RECV on the comm stream overlaps the compute

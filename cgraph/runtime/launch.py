@@ -18,6 +18,7 @@ import ray
 from cgraph._log import logger
 from cgraph.channels import tls
 from cgraph.channels.handshake import new_secret
+from cgraph.channels.opener import open_endpoint
 from cgraph.channels.relay import RelayHandle
 from cgraph.channels.segments import cleanup_stale_segments
 from cgraph.channels.shm_channel import ShmHandle
@@ -30,8 +31,6 @@ from cgraph.runtime.endpoints import (
     CopyingReader,
     FanOutWriter,
     create_channel,
-    open_reader,
-    open_writer,
     remote_segments,
     socket_channel,
 )
@@ -156,14 +155,14 @@ def _driver_endpoints(planned: Planned, resources: dict[str, Any]) -> DriverEndp
     writer = None
     specs = plan.for_node(inp.id) if inp is not None else ()
     if len(specs) == 1:
-        writer = open_writer(resources[specs[0].id].writer_handle())
+        writer = open_endpoint(resources[specs[0].id].writer_handle())
     elif specs:  # readers on several nodes: one channel per node
-        writer = FanOutWriter([open_writer(resources[spec.id].writer_handle()) for spec in specs])
+        writer = FanOutWriter([open_endpoint(resources[spec.id].writer_handle()) for spec in specs])
     readers = {}
     for kind, node in _output_spec(graph):
         if kind == "node" and node not in readers:
             spec = plan.for_reader(node, DRIVER)
-            readers[node] = CopyingReader(open_reader(resources[spec.id].reader_handle(DRIVER)))
+            readers[node] = CopyingReader(open_endpoint(resources[spec.id].reader_handle(DRIVER)))
     return DriverEndpoints(writer, readers, _output_spec(graph), list(resources.values()))
 
 
