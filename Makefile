@@ -1,6 +1,7 @@
 # cgraph: two commands do all the set-up on a fresh machine.
 #   make run    the main job (the overlap example on a local Ray cluster)
 #   make test   the test suite
+#   make test-fast  the inner loop: unit tests without the slow files, on 2 workers (under a minute)
 #   make gpu-check  for users with GPUs: what cgraph's GPU path does here (see scripts/gpu_check.py)
 #   make docs   the API reference (pdoc) into build/docs
 #   make bench  every benchmark, then the README's tables from their results
@@ -10,7 +11,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test gpu-check setup lint typecheck bench docs soak clean
+.PHONY: run test test-fast gpu-check setup lint typecheck bench docs soak clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
@@ -23,6 +24,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/test.sh $(PY)
+
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest tests/unit -m "not slow" -n 2 -q -p no:cacheprovider
 
 gpu-check: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) scripts/gpu_check.py

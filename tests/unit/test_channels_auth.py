@@ -37,6 +37,8 @@ from cgraph.channels.opener import open_endpoint
 from cgraph.channels.socket_reader import FRAME
 from cgraph.errors import ChannelClosedError, ChannelLostError
 
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
+
 SECRET = new_secret()
 CLAIM = b"data cgraph_1_t_n1 w"
 

@@ -32,6 +32,8 @@ from cgraph.channels.shm_channel import FASTPATH, ShmChannel, ShmReader, ShmWrit
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
 from tests.unit.child_process import finish, run
 
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
+
 if FASTPATH:  # a CGRAPH_PURE_PYTHON=1 child imports this module too
     from cgraph.channels.shm_channel import FastShmReader, FastShmWriter
 

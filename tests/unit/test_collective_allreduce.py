@@ -28,6 +28,8 @@ from cgraph.comm.algorithms import ALGORITHMS, allreduce
 from cgraph.comm.types import UFUNC, ReduceOp
 from tests.fabric import LocalTransport, run_ranks
 
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
+
 OPS = tuple(ReduceOp)
 DTYPES = (np.float32, np.float64, np.int64)
 SLICED = ("chain", "ring", "reduction_server")

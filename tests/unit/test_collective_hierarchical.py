@@ -40,6 +40,8 @@ from cgraph.comm.types import UFUNC, ReduceOp
 from tests.fabric import LocalTransport, run_ranks
 from tests.unit.test_collective_allreduce import Case, check, make_input
 
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
+
 LAYOUTS: dict[str, tuple[Hashable, ...]] = {
     "2 nodes x 2": (0, 0, 1, 1),
     "3 nodes x 2": (0, 0, 1, 1, 2, 2),

@@ -14,6 +14,8 @@ from cgraph.comm.algorithms.reduction_server import Layout, pipeline_order
 from cgraph.comm.teams import Team
 from tests.unit.test_collective_allreduce import DTYPES, OPS, Case, run_cases
 
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
+
 LAYOUTS = {
     "1 node x 4": (0, 0, 0, 0),
     "2 nodes x 2": (0, 0, 1, 1),

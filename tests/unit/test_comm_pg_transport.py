@@ -21,6 +21,8 @@ from cgraph.comm.torch.process_group import process_group
 from cgraph.comm.torch.transport import ProcessGroupTransport
 from cgraph.comm.types import ReduceOp
 
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
+
 NODES = ("n0", "n0", "n1", "n1")
 
 

@@ -42,6 +42,8 @@ from cgraph.errors import (
     CollectiveTimeoutError,
 )
 
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
+
 NODES = ("A", "A", "B", "B")
 
 

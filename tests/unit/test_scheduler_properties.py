@@ -3,6 +3,7 @@ deadlock-free schedules, before and after overlap."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,8 @@ from cgraph.scheduler import (
 )
 from tests.unit.graph_strategies import graphs, schedules
 from tests.unit.test_scheduler_invariants import assert_overlap_ok, assert_schedule_ok
+
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -15,6 +15,8 @@ from cgraph.scheduler import lower, overlap, parse_schedule, plan_channels
 from cgraph.scheduler.simulate import Machine, compute_reads, critical_path, op_key, simulate
 from tests.unit.graph_strategies import graphs
 
+pytestmark = pytest.mark.slow  # left out of `make test-fast`
+
 OWN, SHARED = Machine.OWN_ENGINE, Machine.SHARED_CORES
 
 SEED = parse_graph(
