@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Any
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import Communicator, missing_methods
 from cgraph.errors import CompileError, TransportError
-from cgraph.ir import Graph, NodeKind, Ref, TensorHint
-from cgraph.runtime.comm_faults import FaultBoard
+from cgraph.ir import Graph, Node, NodeKind, Ref, TensorHint
+from cgraph.runtime.comm_faults import BoardHandle, FaultBoard
 from cgraph.runtime.custom_comm import drop, initialize_custom, make_custom, open_custom
 from cgraph.runtime.endpoints import node_channel
 from cgraph.runtime.gpu_placement import bind_assigned_gpu, plan_gpu_kind
 from cgraph.runtime.options import CompileOptions
-from cgraph.scheduler.channels import ChannelKind, ChannelPlan
+from cgraph.scheduler.channels import ChannelKind, ChannelPlan, ChannelSpec
 
 if TYPE_CHECKING:
     from cgraph.dag import FrontEnd
@@ -72,7 +72,7 @@ class GroupEndpoint:
     control: Any = None  # a reader handle closed to abort the group (shm: any member may; socket: the driver)
     nodes: tuple[str, ...] = ()  # each member's Ray node ("" for the driver's), by rank
     ready: bool = False  # a user communicator initialized at compile (``custom_comm``)
-    board: Any = None  # this member's end of the group's FaultBoard (``comm_faults``; one node only)
+    board: BoardHandle | None = None  # this member's end of the group's FaultBoard (one node only)
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ def plan_groups(graph: Graph, plan: ChannelPlan, default: str | None) -> tuple[d
     return groups, of_collective
 
 
-def _collective_transport(graph: Graph, node: Any, default: str | None) -> str:
+def _collective_transport(graph: Graph, node: Node, default: str | None) -> str:
     """A hint's communicator; else NCCL if every member has a GPU; else the default; else "cpu"."""
     hint = node.hint
     if hint is not None and hint.transport not in ("auto", "shm"):
@@ -308,7 +308,7 @@ def _check_custom(name: str, obj: Any) -> None:
     import ray.cloudpickle as cloudpickle
 
     try:
-        cloudpickle.dumps(obj)
+        cloudpickle.dumps(obj)  # type: ignore[no-untyped-call]  # unannotated in Ray
     except Exception as exc:  # noqa: BLE001
         raise CompileError(
             f"communicator {name} ({type(obj).__name__}) cannot be pickled ({type(exc).__name__}: "
@@ -394,7 +394,7 @@ def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str,
     kind, n = GROUP_KINDS[group.kind], len(group.members)
     payloads = kind.make(res, tag, group.name, n, group.obj)
     controls: list[Any] = [None] * n
-    boards: list[Any] = [None] * n
+    boards: list[BoardHandle | None] = [None] * n
     if not any(hosts[m] for m in group.members):
         shared = ShmChannel.create(tag, f"{group.name}.abort", num_readers=n, max_inflight=1, buffer_size=64)
         board = FaultBoard.create(tag, group.name, n)
@@ -416,7 +416,7 @@ def _make_group(res: CommResources, tag: str, group: _Group, hosts: Mapping[str,
 
 def _add_edge(
     res: CommResources, programs: dict[str, CommProgram], graph: Graph, group: _Group,
-    spec: Any, tag: str, options: CompileOptions,
+    spec: ChannelSpec, tag: str, options: CompileOptions,
 ) -> None:
     (reader,) = spec.readers
     hosts = (graph.actor(spec.writer).host, graph.actor(reader).host)
@@ -431,7 +431,7 @@ def _add_edge(
         spec.node, spec.writer, rank(spec.writer), group.name, side.reader_handle(0), spec.hint, method)
 
 
-def _add_collective(programs: dict[str, CommProgram], graph: Graph, node: Any, group: _Group) -> None:
+def _add_collective(programs: dict[str, CommProgram], graph: Graph, node: Node, group: _Group) -> None:
     options = {k: graph.constants[a.index] for k, a in node.kwargs if not isinstance(a, Ref)}
     outputs = {
         n.key: n.id for n in graph.nodes

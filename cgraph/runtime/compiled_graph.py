@@ -61,7 +61,7 @@ from cgraph.errors import (
     with_compat,
 )
 from cgraph.runtime.inputs import InputUsage
-from cgraph.runtime.monitor import DEATH_GRACE_S
+from cgraph.runtime.monitor import DEATH_GRACE_S, LoopMonitor
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Recorder
 from cgraph.runtime.refs import CompiledFuture, CompiledFutureList, CompiledRef, CompiledRefList
@@ -70,7 +70,7 @@ from cgraph.runtime.timeline import TIMELINE_ENV, collect, records
 
 if TYPE_CHECKING:
     from cgraph.ir import Graph
-    from cgraph.scheduler import Planned
+    from cgraph.scheduler import Planned, Schedule
 
 # Code written for Ray Compiled Graphs catches Ray's classes: cgraph's errors are
 # instances of those too (and of cgraph's own, and of the user's exception type).
@@ -106,7 +106,7 @@ class CompiledGraph(OutputReader):
         options: CompileOptions,
         endpoints: DriverEndpoints,
         input_usage: InputUsage,
-        loops: dict[str, Any],
+        loops: dict[str, ray.ObjectRef[str]],
         labels: dict[str, str],
         multi_output: bool,
         handles: dict[str, Any] | None = None,
@@ -143,7 +143,7 @@ class CompiledGraph(OutputReader):
         self._single = (next(iter(endpoints.output_readers.values()))
                         if not multi_output and len(endpoints.output_readers) == 1
                         and [k for k, _ in endpoints.output_spec] == ["node"] else None)
-        self._monitor: Any = None
+        self._monitor: LoopMonitor | None = None
         self.drawer: Any = None  # compiler.draw_schedule(planned, filename, format=, ...): set by the compiler
         self.tracer: Any = None  # cgraph.visualize (trace_of, explain, draw_timeline): set by the compiler
         self._tag = tag
@@ -153,8 +153,8 @@ class CompiledGraph(OutputReader):
 
     # ------------------------------------------------------------------ public API
     @property
-    def schedule(self) -> Any:
-        """Per actor id, the ops its loop runs for one execution (``cgraph.scheduler.Schedule``)."""
+    def schedule(self) -> Schedule:
+        """Per actor id, the ops its loop runs for one execution."""
         return self.planned.schedule
 
     def execute(self, *args: Any, **kwargs: Any) -> CompiledRef | CompiledRefList:
@@ -173,7 +173,7 @@ class CompiledGraph(OutputReader):
         """
         return self._execute(args, kwargs, blocking=True)
 
-    def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> Any:
+    def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> CompiledRef | CompiledRefList:
         """execute(); with ``blocking=False``, raises ``_WouldBlock`` (nothing
         submitted) where it would have to wait: for another execute, for room, or
         for the input channel."""
@@ -312,7 +312,7 @@ class CompiledGraph(OutputReader):
     def _kill_actors(self) -> None:
         if ray.is_initialized():
             for handle in self._handles.values():
-                _quietly(lambda h=handle: ray.kill(h))
+                _quietly(functools.partial(ray.kill, handle))
 
     def _stop(self, timeout: float) -> None:
         if self._monitor is not None:
@@ -331,7 +331,7 @@ class CompiledGraph(OutputReader):
         ends = [self._ep.input_writer, *self._ep.output_readers.values()]
         for end in ends:  # the driver's own endpoints: their sockets close now, not when collected
             if end is not None:
-                _quietly(lambda end=end: end.detach())
+                _quietly(end.detach)
         _quietly(self._on_teardown)
         _LIVE.discard(self)
 
@@ -358,13 +358,13 @@ class CompiledGraph(OutputReader):
             _quietly(lambda: self.teardown(timeout=2.0))
 
     # ------------------------------------------------------------------ internals
-    def _start_monitor(self, monitor: Any) -> None:
+    def _start_monitor(self, monitor: LoopMonitor) -> None:
         self._monitor = monitor
 
     def _fail(self, error: RuntimeGraphError) -> None:
         """Called by the monitor: remember why, and wake every waiter."""
         if self._failure is None:
-            self._failure = with_compat(error)  # type: ignore[assignment]
+            self._failure = with_compat(error)
         self._failed.set()
         for res in self._ep.resources:
             _quietly(res.close)
@@ -388,7 +388,7 @@ class CompiledGraph(OutputReader):
         if isinstance(cause, ChannelLostError) and not self._torn_down:
             self._failed.wait(DEATH_GRACE_S + 2.0)
             if self._failure is None:
-                return with_compat(cause)  # type: ignore[no-any-return]
+                return with_compat(cause)
         if self._failure is not None:
             return self._failure
         return with_compat(
@@ -462,4 +462,4 @@ def _torn_down_by_ray_shutdown(graph: CompiledGraph) -> None:
 @atexit.register
 def _teardown_all() -> None:
     for graph in list(_LIVE):
-        _quietly(lambda g=graph: g.teardown(timeout=2.0))
+        _quietly(functools.partial(graph.teardown, timeout=2.0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cgraph.errors import (
     CapacityError,
@@ -21,10 +21,16 @@ from cgraph.errors import (
     GraphTornDownError,
     RuntimeGraphError,
     TimeoutError,
+    add_note,
     with_compat,
 )
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.options import CompileOptions
+
+if TYPE_CHECKING:
+    import threading
+
+    from cgraph.runtime.recording import Recorder
 
 
 class OutputReader:
@@ -36,7 +42,7 @@ class OutputReader:
 
     options: CompileOptions
     _ep: Any  # DriverEndpoints: output_readers, output_spec
-    _lock: Any
+    _lock: threading.RLock
     _dropped: collections.deque[tuple[int, int | None]]
     _torn_down: bool
     _failure: RuntimeGraphError | None
@@ -48,7 +54,7 @@ class OutputReader:
     _unread: dict[int, int]
     _inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]]
     _single: Any
-    _recorder: Any  # runtime.recording.Recorder, or None when the graph records no timeline
+    _recorder: Recorder | None  # None when the graph records no timeline
 
     def _closed_error(self, cause: ChannelClosedError | None = None) -> RuntimeGraphError:
         raise NotImplementedError  # CompiledGraph's: the monitor's verdict, else teardown
@@ -268,5 +274,5 @@ def _unreadable(exc: Exception, index: int) -> ErrorValue:
     """An output the driver took but cannot unpickle (a class from a module only the
     actors have): that execution's error, not a gap that would shift every later
     result by one."""
-    exc.add_note("cgraph: the driver could not unpickle this output")
+    add_note(exc, "cgraph: the driver could not unpickle this output")
     return ErrorValue.capture(exc, actor="driver", method="<read output>", execution_index=index)
