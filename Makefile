@@ -33,7 +33,7 @@ gpu-check: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cgraph tests benchmarks examples scripts
-	$(VENV)/bin/mypy --follow-imports=silent cgraph/ir cgraph/scheduler
+	$(VENV)/bin/mypy --follow-imports=silent cgraph
 
 bench: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/run_all.py; status=$$?; \

@@ -23,7 +23,7 @@ import it; ``cgraph/__init__.py`` loads it when a Ray name is first used.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.dag import DAGNode
 from ray.dag import InputNode as _RayInputNode
@@ -32,6 +32,9 @@ from ray.dag import MultiOutputNode as _RayMultiOutputNode
 from cgraph import compiler
 from cgraph.dag import TorchTensorType, with_type_hint
 from cgraph.dag.adapter import uses_cgraph_input
+
+if TYPE_CHECKING:
+    from cgraph.runtime.compiled_graph import CompiledGraph
 
 __all__ = ["InputNode", "MultiOutputNode", "TorchTensorType", "compile_with_ray_options",
            "install_ray_hooks", "with_type_hint"]
@@ -46,7 +49,7 @@ def compile_with_ray_options(
     _max_buffered_results: int | None = None,
     _overlap_gpu_communication: bool | None = None,
     _default_communicator: Any = "create",
-) -> Any:
+) -> CompiledGraph:
     """``cgraph.compile`` behind Ray 2.60's ``experimental_compile`` signature.
 
     As in Ray, an argument left at ``None`` takes its value from Ray's

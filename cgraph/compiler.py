@@ -25,14 +25,19 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cgraph._log import logger
 from cgraph.dag import CommunicatorTable, FrontEnd, read_dag
 from cgraph.runtime.options import CompileOptions
-from cgraph.scheduler import Planned
+from cgraph.scheduler import ChannelPlan, Planned, Schedule
+
+if TYPE_CHECKING:
+    from cgraph.ir import Graph
+    from cgraph.runtime.compiled_graph import CompiledGraph
 
 DEBUG_ENV = "CGRAPH_DEBUG"
 VISUALIZE_ENV = "CGRAPH_VISUALIZE_SCHEDULE"
@@ -48,17 +53,17 @@ class CompiledPlan:
     options: CompileOptions
 
     @property
-    def graph(self) -> Any:
+    def graph(self) -> Graph:
         """The Graph IR (``cgraph.ir.Graph``)."""
         return self.planned.graph
 
     @property
-    def plan(self) -> Any:
+    def plan(self) -> ChannelPlan:
         """The channel plan: which channel carries each value to each reader."""
         return self.planned.plan
 
     @property
-    def schedule(self) -> Any:
+    def schedule(self) -> Schedule:
         """``dict[actor_id, tuple[Op, ...]]``: each actor's ops for one execution."""
         return self.planned.schedule
 
@@ -160,8 +165,8 @@ def plan_dag(
     overlap: bool = False,
     default_communicator: Any = None,
     check: bool = True,
-    locate: Any = None,
-) -> tuple[FrontEnd, Any]:
+    locate: Callable[[FrontEnd], Graph] | None = None,
+) -> tuple[FrontEnd, Planned]:
     """Read and check ``dag``, then run the scheduler's pass pipeline on it.
 
     Args:
@@ -230,7 +235,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     default_communicator: Any = None, cpu_affinity: Any = None, max_buffered_results: int = 1000,
     max_value_bytes: int = 16 << 30, tls: bool | None = None, timeline: bool | None = None,
     timeline_executions: int = 100, teardown_timeout: float = 30.0,
-) -> Any:
+) -> CompiledGraph:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
     Options take Ray Compiled Graphs' names without the underscore, and Ray's defaults.
@@ -277,7 +282,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     return _launch(dag, options)
 
 
-def _launch(dag: Any, options: CompileOptions) -> Any:
+def _launch(dag: Any, options: CompileOptions) -> CompiledGraph:
     from cgraph import visualize
     from cgraph.runtime.launch import launch, locate_actors
 
@@ -288,7 +293,7 @@ def _launch(dag: Any, options: CompileOptions) -> Any:
     return compiled
 
 
-def _plan(dag: Any, options: CompileOptions, locate: Any) -> CompiledPlan:
+def _plan(dag: Any, options: CompileOptions, locate: Callable[[FrontEnd], Graph] | None) -> CompiledPlan:
     front, planned = plan_dag(
         dag,
         overlap=options.overlap_gpu_communication,
@@ -307,7 +312,7 @@ def _communicator_name(communicator: Any, table: CommunicatorTable) -> str | Non
     return table.name(communicator)
 
 
-def _log_pass(name: str, value: Any) -> None:
+def _log_pass(name: str, value: object) -> None:
     """``dump`` for the scheduler: the text form after a pass, on the "cgraph" logger."""
     from cgraph.scheduler.ops import format_schedule
 

@@ -9,7 +9,8 @@ it.
 from __future__ import annotations
 
 import builtins
-from typing import Any
+import sys
+from typing import Any, TypeVar, cast
 
 
 class CGraphError(Exception):
@@ -271,7 +272,19 @@ def register_compat(cls: type[CGraphError], *bases: type[BaseException]) -> None
     _COMPAT_TYPES.pop(cls, None)
 
 
-def with_compat(err: CGraphError) -> CGraphError:
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, which Python 3.10 lacks: there the note goes to
+    ``__notes__`` all the same (3.10's tracebacks do not print it)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        vars(exc).setdefault("__notes__", []).append(note)
+
+
+_E = TypeVar("_E", bound=CGraphError)
+
+
+def with_compat(err: _E) -> _E:
     """``err`` as an instance of a subclass that also has the registered bases."""
     cls = type(err)
     bases = _COMPAT.get(cls)
@@ -283,7 +296,7 @@ def with_compat(err: CGraphError) -> CGraphError:
             attrs = {"__str__": cls.__str__, "__module__": cls.__module__}
             dual = type(cls.__name__, (cls, *bases), attrs)
             _COMPAT_TYPES[cls] = dual
-        out: CGraphError = _blank(dual)
+        out: _E = _blank(dual)
     except TypeError:  # the bases' layouts cannot be combined: keep cgraph's own type
         return err
     out.args = err.args
@@ -307,7 +320,7 @@ def _blank(cls: type[Any]) -> Any:
     for base in cls.__mro__[1:]:
         if "__new__" in vars(base):
             try:
-                return base.__new__(cls)
+                return cast("type[object]", base).__new__(cls)  # mypy reads type.__new__ here
             except TypeError as exc:
                 error = exc
     raise error or TypeError(f"cannot instantiate {cls.__name__}")

@@ -75,7 +75,7 @@ def new_secret() -> bytes:
     return secrets.token_bytes(SECRET_BYTES)
 
 
-def _mac(secret: bytes, label: bytes, claim: bytes, nonce_a: bytes, nonce_c: bytes) -> bytes:
+def _mac(secret: bytes, label: bytes, claim: bytes, nonce_a: bytes, nonce_c: bytes | bytearray) -> bytes:
     message = b"%s\0%s%s%s%s" % (label, len(claim).to_bytes(2, "little"), claim, nonce_a, nonce_c)
     return hmac.digest(secret, message, "sha256")
 
@@ -194,7 +194,7 @@ def introduce(sock: socket.socket, secret: bytes, claim: bytes, deadline: float,
     """
     if use_tls:
         sock = tls.wrap(sock, server_side=False)
-        tls.handshake(sock, deadline)  # type: ignore[arg-type]
+        tls.handshake(sock, deadline)
     prove(sock, secret, claim, deadline)
     return sock
 

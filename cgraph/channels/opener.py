@@ -1,6 +1,7 @@
 """Opening a channel endpoint from its handle, in the process that uses it.
 
     endpoint = open_endpoint(handle)     # a ChannelWriter or ChannelReader
+    reader = open_reader(handle)         # the same, typed (TypeError for the other role)
 
 The driver makes a channel and ships each end's handle (a small frozen
 dataclass) to its actor inside Ray's own call; the actor opens it here. This
@@ -44,6 +45,30 @@ def open_endpoint(handle: object) -> ChannelWriter | ChannelReader:
     if isinstance(handle, RelayHandle):
         return _open_relay(handle)
     raise TypeError(f"not a channel handle: {type(handle).__name__}")
+
+
+def open_reader(handle: object) -> ChannelReader:
+    """``open_endpoint`` of a reader's handle.
+
+    Raises:
+        TypeError: ``handle`` opens a writer.
+    """
+    endpoint = open_endpoint(handle)
+    if not isinstance(endpoint, ChannelReader):
+        raise TypeError(f"{handle!r} is a writer's handle, not a reader's")
+    return endpoint
+
+
+def open_writer(handle: object) -> ChannelWriter:
+    """``open_endpoint`` of a writer's handle.
+
+    Raises:
+        TypeError: ``handle`` opens a reader.
+    """
+    endpoint = open_endpoint(handle)
+    if not isinstance(endpoint, ChannelWriter):
+        raise TypeError(f"{handle!r} is a reader's handle, not a writer's")
+    return endpoint
 
 
 def _open_relay(handle: RelayHandle) -> RelayReader:

@@ -56,7 +56,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cgraph.errors import RuntimeGraphError, TaskError
 
@@ -245,6 +245,11 @@ _local = threading.local()
 
 _CLOUD: type | None = None
 
+if TYPE_CHECKING:
+    PicklerMixin = pickle.Pickler
+else:
+    PicklerMixin = object  # a mixin's real Pickler base comes from on_base, at run time
+
 
 def pickler_base() -> type:
     """The Pickler values are pickled with: Ray's cloudpickle once Ray is loaded (in
@@ -272,9 +277,10 @@ def on_base(mixin: type, base: type) -> type:
 
 def _pickle(value: Any) -> tuple[bytes, list[memoryview], list[int]]:
     # One pickler per thread, reused: building one costs ~3 us, a whole small hop.
-    pickler, base = getattr(_local, "pickler", None), pickler_base()
+    pickler: _OutOfBandPickler | None = getattr(_local, "pickler", None)
+    base = pickler_base()
     if pickler is None or pickler.busy or not isinstance(pickler, base):  # busy: re-entered
-        pickler = _local.pickler = on_base(_OutOfBandPickler, base)(io.BytesIO())
+        pickler = _local.pickler = cast(_OutOfBandPickler, on_base(_OutOfBandPickler, base)(io.BytesIO()))
     pickler.start()
     try:
         pickler.dump(value)
@@ -283,7 +289,7 @@ def _pickle(value: Any) -> tuple[bytes, list[memoryview], list[int]]:
         pickler.forget()
 
 
-class _OutOfBandPickler:
+class _OutOfBandPickler(PicklerMixin):
     """Protocol-5 pickler with lean reducers for numpy arrays and CPU torch tensors
     (a mixin: ``on_base`` puts it over ``pickler_base()``).
 

@@ -459,6 +459,7 @@ class FastShmWriter(ShmWriter):
         return None
 
     def _write_missed(self, value: Any, timeout: float | None, forward_from: Any) -> Any:
+        assert fastpath is not None  # a Fast endpoint has a C core
         if self._core.status == fastpath.WAIT_FAILED:
             raise _wait_failed(self._handle, self._control, "write to", timeout)
         return super().write(value, timeout, forward_from)  # FALLBACK: nothing done yet
@@ -512,6 +513,7 @@ class FastShmReader(ShmReader):
 
     def _read_missed(self, timeout: float | None, copy: bool) -> Any:
         status = self._core.status
+        assert fastpath is not None  # a Fast endpoint has a C core
         if status == fastpath.DECODE:  # the core took the value and holds its slot
             slot = (self._words[self._word] - 1) % self._handle.max_inflight
             return self._decode(slot, copy)
@@ -525,6 +527,7 @@ class FastShmReader(ShmReader):
 
 
 def _core(handle: ShmHandle, control: _Control, slots: _SlotMaps) -> Any:
+    assert fastpath is not None  # only FASTPATH endpoints have a C core
     return fastpath.Endpoint(
         control.words,
         slots.gens,

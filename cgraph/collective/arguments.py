@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from cgraph.collective import groups
 from cgraph.comm import backends
 from cgraph.comm.tensor_views import kind_of, working
+from cgraph.comm.tuning.tuner import TunedComm
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveGroupError
 
@@ -32,7 +33,7 @@ _NUMERIC_KINDS = frozenset("biufc")
 """numpy dtype kinds a reduction takes: bool, signed and unsigned integers, floats, complex."""
 
 
-def reduce_op(group: groups.Group, tensor: Any, op: Any, call: str) -> ReduceOp:
+def reduce_op(group: groups.Group, tensor: Any, op: object, call: str) -> ReduceOp:
     """``op`` as a ReduceOp, once ``tensor``'s dtype is known to reduce with it.
 
     Checked before anything is sent: ranks holding the same dtype all refuse
@@ -88,14 +89,14 @@ def dtype_name(tensor: Any) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-def tuned_comm(group_name: str, call: str) -> Any:
+def tuned_comm(group_name: str, call: str) -> TunedComm:
     """The communicator of a group whose "auto" the cost model serves (every backend's
     group; a team or user object without ``tune``: ValueError)."""
     group = groups.lookup(group_name)
     if not hasattr(group.comm, "tune"):
         raise ValueError(f"{call}: group {group_name!r} ({group.backend.name!r}) has no cost "
                          "model to tune")
-    return group.comm
+    return cast(TunedComm, group.comm)  # the backends' comms, the only ones with tune
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ import ray
 from cgraph.comm import rendezvous, teams
 from cgraph.comm.backends import Backend, backend
 from cgraph.comm.group import GroupComm, Hooks
+from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.rendezvous import GroupSpec, Membership
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
@@ -132,7 +133,7 @@ def _join(store: Any, spec: GroupSpec, rank: int) -> Group:
             raise CollectiveGroupError(
                 f"group {spec.name!r}, rank {rank}: connecting the {row.name} backend failed: "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (did every "
-                f"rank call init within {rendezvous.RENDEZVOUS_TIMEOUT_S:g} s?)", spec.name, rank) from exc
+                f"rank call init within {RENDEZVOUS_TIMEOUT_S:g} s?)", spec.name, rank) from exc
         raise
     group = Group(spec.name, row, comm, store)
     _GROUPS[spec.name] = group

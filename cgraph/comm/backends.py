@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cgraph.comm.group import GroupComm, Hooks
 from cgraph.comm.torch.process_group import backend_available
+
+if TYPE_CHECKING:
+    from cgraph.comm.rendezvous import Membership
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,16 +34,16 @@ class Backend:
     tensor: str  # "numpy" or "torch": what its GroupComm takes
     device: str  # "cpu" or "cuda": where torch tensors must live
     available: Callable[[], bool]
-    connect: Callable[[Any, Hooks], GroupComm]  # (membership, hooks)
+    connect: Callable[[Membership, Hooks], GroupComm]
 
 
-def _cpu_connect(membership: Any, hooks: Any) -> GroupComm:
+def _cpu_connect(membership: Membership, hooks: Hooks) -> GroupComm:
     from cgraph.comm.cpu.backend import connect
 
     return connect(membership, hooks)
 
 
-def _torch_connect(membership: Any, hooks: Any) -> GroupComm:
+def _torch_connect(membership: Membership, hooks: Hooks) -> GroupComm:
     from cgraph.comm.torch.backend import connect
 
     return connect(membership, hooks)

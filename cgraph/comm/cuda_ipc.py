@@ -87,7 +87,7 @@ class CudaOps:
     def new_stream(self) -> Any:
         import torch
 
-        return torch.cuda.Stream(self.device)
+        return torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def enter(self, stream: Any) -> Any:
         """The caller's current stream, after making ``stream`` wait for the work queued
@@ -119,18 +119,18 @@ class CudaOps:
         """What another process needs to map ``tensor`` (handle and producer event)."""
         from torch.multiprocessing.reductions import reduce_tensor
 
-        return reduce_tensor(tensor)[1]
+        return reduce_tensor(tensor)[1]  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def import_(self, args: Any) -> torch.Tensor:
         """The sender's tensor, mapped; the current stream waits for its producer event."""
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-        return rebuild_cuda_tensor(*args)  # type: ignore[no-any-return]
+        return rebuild_cuda_tensor(*args)  # type: ignore[no-untyped-call, no-any-return]  # unannotated in torch
 
     def new_shared_event(self) -> Any:
         import torch
 
-        return torch.cuda.Event(interprocess=True)
+        return torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def share(self, event: Any) -> bytes:
         return event.ipc_handle()  # type: ignore[no-any-return]
@@ -138,7 +138,7 @@ class CudaOps:
     def open_event(self, handle: bytes) -> Any:
         import torch
 
-        return torch.cuda.Event.from_ipc_handle(self.device, handle)
+        return torch.cuda.Event.from_ipc_handle(self.device, handle)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def record(self, event: Any, stream: Any) -> None:
         event.record(stream)
@@ -186,7 +186,7 @@ class CudaIpcCommunicator(Communicator):
 
     @property
     def device(self) -> torch.device:
-        return self._device  # type: ignore[no-any-return]
+        return self._device
 
     @property
     def stream(self) -> Any:

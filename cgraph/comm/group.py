@@ -21,7 +21,9 @@ class GroupComm(Protocol):
 
     rank: int
     world_size: int
-    nodes: tuple[Hashable, ...]
+
+    @property
+    def nodes(self) -> tuple[Hashable, ...]: ...
 
     def allreduce(self, tensor: Any, op: ReduceOp, algorithm: str) -> None: ...
     def reduce(self, tensor: Any, dst: int, op: ReduceOp) -> None: ...

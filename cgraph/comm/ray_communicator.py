@@ -113,7 +113,7 @@ class RayCommunicator(Communicator):
     def synchronize(self) -> None:
         import torch
 
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # unannotated in torch
             torch.cuda.synchronize()
 
     def destroy(self) -> None:

@@ -287,7 +287,7 @@ def _store_error(message: str) -> Exception:
 def _ray_store_class() -> type:
     import torch.distributed as dist
 
-    class RayStore(StoreClient, dist.Store):  # type: ignore[misc]
+    class RayStore(StoreClient, dist.Store):  # type: ignore[misc, name-defined]  # torch's Store, unresolved through the local import
         """A ``torch.distributed.Store`` whose keys live in a ``KVStore`` actor
         (see the module docstring)."""
 

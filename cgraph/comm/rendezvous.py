@@ -261,7 +261,7 @@ the group, until the store is killed: the other members still need it."""
 
 def store_id(store: Any) -> str:
     """A store actor's id: a new group of the same name has a new one."""
-    return store._actor_id.hex()
+    return str(store._actor_id.hex())
 
 
 def find_store(group: str) -> Any | None:

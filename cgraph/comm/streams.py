@@ -55,7 +55,7 @@ class CudaStreams:
     def mark(self) -> Any:
         import torch
 
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
         event.record(torch.cuda.current_stream(self.device))
         return event
 
@@ -65,7 +65,7 @@ class CudaStreams:
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             self.stream.wait_event(token)
             value, tensors = body()
-            done = torch.cuda.Event()
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
             done.record(self.stream)
         return value, tensors, done
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -159,4 +159,5 @@ def _numpy_dtypes() -> frozenset[Any]:
 
 def dtype_name(arr: np.ndarray) -> str:
     """The caller's dtype of a working view: numpy's, or the torch dtype it stands for."""
-    return (arr.dtype.metadata or {}).get(SOURCE, str(arr.dtype))
+    metadata: Mapping[str, str] = arr.dtype.metadata or {}
+    return metadata.get(SOURCE, str(arr.dtype))

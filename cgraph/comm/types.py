@@ -4,6 +4,7 @@ function, torch.distributed's op (gloo and NCCL)."""
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ TORCH_FN: dict[ReduceOp, str] = {
 """The torch function combining two tensors for each op (every op has a row)."""
 
 
-def dist_op(op: ReduceOp) -> object:
+def dist_op(op: ReduceOp) -> Any:
     """``torch.distributed.ReduceOp`` of ``op`` (gloo, NCCL): the member of the same name."""
     import torch.distributed as dist
 

@@ -179,11 +179,11 @@ def _nodes_inside(value: Any) -> list[DAGNode]:
         return []
     from ray.dag.py_obj_scanner import _PyObjScanner
 
-    scanner = _PyObjScanner()
+    scanner: _PyObjScanner[DAGNode, Any] = _PyObjScanner()
     try:
         return list(scanner.find_nodes([value]))
     finally:
-        scanner.clear()
+        scanner.clear()  # type: ignore[no-untyped-call]  # unannotated in Ray
 
 
 def _check_leaf_nodes(nodes: list[DAGNode], outputs: list[DAGNode]) -> None:

@@ -64,13 +64,18 @@ import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from cgraph.channels.serialization import has_cuda, on_base, pickler_base
+from cgraph.channels.serialization import PicklerMixin, has_cuda, on_base, pickler_base
 from cgraph.comm.communicator import view_receiver
 from cgraph.comm.streams import streams_of
 from cgraph.errors import RuntimeGraphError
 from cgraph.runtime.error_value import ErrorValue
+
+if TYPE_CHECKING:
+    from cgraph.comm.communicator import Communicator
+    from cgraph.ir import TensorHint
+    from cgraph.runtime.comm_faults import GroupFailure
 
 Spec = tuple[tuple[int, ...], Any]  # (shape, torch dtype) of one tensor
 Origin = Callable[[Exception], ErrorValue]  # wraps a protocol error as the producer's error
@@ -87,7 +92,7 @@ class Meta:
 class Failed:
     seq: int
     error: ErrorValue
-    failure: Any = None  # the writer's group failed (``comm_faults.GroupFailure``): why
+    failure: GroupFailure | None = None  # the writer's group failed: why
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +105,7 @@ class Encoded:
 
 
 # --------------------------------------------------------------------------- encoding
-class _Extractor:
+class _Extractor(PicklerMixin):
     """Pickles a value's structure, taking its tensors out (a mixin over ``pickler_base()``)."""
 
     def __init__(self, file: io.BytesIO, tensor_type: type) -> None:
@@ -144,7 +149,7 @@ def encode(value: Any, *, node: str, direct_return: bool, origin: Origin) -> Enc
         ))
     else:
         file = io.BytesIO()
-        pickler = on_base(_Extractor, pickler_base())(file, torch.Tensor)
+        pickler = cast(_Extractor, on_base(_Extractor, pickler_base())(file, torch.Tensor))
         try:
             pickler.dump(value)
         except Exception as exc:  # noqa: BLE001 - the user's value; reported downstream
@@ -194,7 +199,7 @@ def format_specs(specs: tuple[Spec, ...] | None) -> str:
 
 # --------------------------------------------------------------------------- the two ends
 class _End:
-    def __init__(self, comm: Any, peer: int, side: Any, hint: Any, node: str) -> None:
+    def __init__(self, comm: Communicator, peer: int, side: Any, hint: TensorHint | None, node: str) -> None:
         self.comm, self.peer, self.side, self.node = comm, peer, side, node
         self.streams = streams_of(comm)
         self.static = bool(hint is not None and hint.static_shape)
@@ -233,13 +238,13 @@ class EdgeWriter(_End):
         for tensor in item.tensors:
             self._send(tensor)
 
-    def skip(self, error: ErrorValue, failure: Any) -> None:
+    def skip(self, error: ErrorValue, failure: GroupFailure | None) -> None:
         """The next value is ``error``, on the side channel alone: the group failed and
         carries no data (``comm_faults``)."""
         seq, self.seq = self.seq, self.seq + 1
         self.side.write(Failed(seq, error, failure))
 
-    def retract(self, error: ErrorValue, failure: Any) -> None:
+    def retract(self, error: ErrorValue, failure: GroupFailure | None) -> None:
         """The value whose ``send`` just raised (sent in part or not at all) is ``error``
         for the reader, which finds it after the group's abort woke it (``settle``)."""
         self.side.write(Failed(self.seq - 1, error, failure))
@@ -268,10 +273,10 @@ class EdgeReader(_End):
     until ``release()`` at the execution's end; the other tensors are copies.
     """
 
-    def __init__(self, comm: Any, peer: int, side: Any, hint: Any, node: str, *, view_last: bool = False) -> None:
+    def __init__(self, comm: Communicator, peer: int, side: Any, hint: TensorHint | None, node: str, *, view_last: bool = False) -> None:
         super().__init__(comm, peer, side, hint, node)
         self.stash: dict[int, Failed] = {}  # Failed items read ahead of their value, by seq
-        self.failure: Any = None  # the writer's group failure, from the last Failed that had one
+        self.failure: GroupFailure | None = None  # the writer's group failure, from the last Failed that had one
         self.viewer = view_receiver(comm) if view_last else None
         self.leases: list[Any] = []  # what the views handed out in this execution hold
 
@@ -322,7 +327,7 @@ class EdgeReader(_End):
 
     def _take(self) -> Meta | Failed:
         try:
-            return self.side.read()  # small plain objects: unpickled copies, safe after release
+            return cast("Meta | Failed", self.side.read())  # small plain objects: unpickled copies, safe after release
         finally:
             self.side.release()
 
@@ -359,7 +364,7 @@ class EdgeReader(_End):
         if not self.stash:
             item = self._poll_one(0)
             if item is not None:
-                self.stash[item.seq] = item  # type: ignore[assignment] - only Failed when polling
+                self.stash[item.seq] = cast(Failed, item)  # only Failed items when polling (no Meta is written)
         return self.stash.pop(seq, None)
 
     def _poll_one(self, timeout: float) -> Meta | Failed | None:

@@ -47,13 +47,14 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from cgraph import _threads
+from cgraph.channels.base import ChannelReader
 from cgraph.channels.opener import open_endpoint
 from cgraph.channels.segments import create_segment, open_segment, segment_name, unlink_quietly
 from cgraph.channels.shm_channel import ShmHandle
-from cgraph.errors import ChannelClosedError, CommunicatorError
+from cgraph.errors import ChannelClosedError, CommunicatorError, add_note
 from cgraph.runtime.error_value import ErrorValue
 
 NOTICE_S = 1.0
@@ -181,7 +182,7 @@ class GroupFaults:
 
         def wait() -> None:
             try:
-                reader = open_endpoint(group.control)
+                reader = cast(ChannelReader, open_endpoint(group.control))
                 try:
                     reader.read()
                 finally:
@@ -221,9 +222,9 @@ class GroupFaults:
         group, comm = self.groups[site.group]
         failure = self.failures.setdefault(
             site.group, GroupFailure(site.execution, self.label, f"{type(exc).__name__}: {exc}"))
-        exc.add_note(f"cgraph: communicator {type(comm).__name__} of group {site.group} raised in {site.where} "
-                     f"on actor {self.label} (execution {site.execution}); the group carries nothing more in "
-                     "this graph (its later ops fail at once): recompile the graph to use it again")
+        add_note(exc, f"cgraph: communicator {type(comm).__name__} of group {site.group} raised in {site.where} "
+                      f"on actor {self.label} (execution {site.execution}); the group carries nothing more in "
+                      "this graph (its later ops fail at once): recompile the graph to use it again")
         value = ErrorValue.capture(exc, actor=self.label, method=site.method, execution_index=site.execution)
         if group.board is not None:  # before spread() closes the control: the watchers read it then
             quietly(lambda: group.board.post(failure, value))

@@ -50,8 +50,8 @@ from typing import Any
 
 from cgraph.channels.opener import open_endpoint
 from cgraph.comm import signatures
-from cgraph.comm.communicator import as_reduce_op
-from cgraph.comm.streams import Body, InlineStreams, streams_of
+from cgraph.comm.communicator import Communicator, as_reduce_op
+from cgraph.comm.streams import Body, CudaStreams, InlineStreams, ModelStreams, streams_of
 from cgraph.errors import CollectiveMismatchError, CommunicatorError, RuntimeGraphError
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, Failed, encode
 from cgraph.runtime.comm_faults import SETTLE_S, GroupFaults, Site, quietly
@@ -86,14 +86,14 @@ class CommState:
         assert program is not None  # checked by comm_state()
         self.ctx = ctx
         self.program = program
-        self.comms: dict[str, Any] = {}
+        self.comms: dict[str, Communicator] = {}
         self.encoded: dict[str, Encoded | ErrorValue] = {}
         self.futures: list[Future[Any]] = []
         self.sends: list[Any] = []  # Pendings of SENDs on the comm stream not yet fenced
         self.writers: dict[tuple[str, str], EdgeWriter] = {}
         self.readers: dict[tuple[str, str], EdgeReader] = {}
         self.thread: ThreadPoolExecutor | None = None
-        self.engines: dict[int, Any] = {}  # id(comm) -> its streams engine (``streams``)
+        self.engines: dict[int, InlineStreams | CudaStreams | ModelStreams] = {}  # id(comm) -> its streams engine
         self.faults = GroupFaults(ctx.program.label, lambda: ctx.execution)
         ctx.close_hooks.append(self.close)  # first: whatever opens below gets closed
         for name, group in program.groups.items():

@@ -36,13 +36,13 @@ from typing import TYPE_CHECKING, Any
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import Communicator, missing_methods
 from cgraph.errors import CompileError
-from cgraph.ir import Graph, NodeKind, Ref, TensorHint
-from cgraph.runtime.comm_faults import FaultBoard
+from cgraph.ir import Graph, Node, NodeKind, Ref, TensorHint
+from cgraph.runtime.comm_faults import BoardHandle, FaultBoard
 from cgraph.runtime.custom_comm import drop, initialize_custom, make_custom, open_custom
 from cgraph.runtime.endpoints import node_channel
 from cgraph.runtime.gpu_placement import bind_assigned_gpu
 from cgraph.runtime.options import CompileOptions
-from cgraph.scheduler.channels import ChannelKind, CommGroup
+from cgraph.scheduler.channels import ChannelKind, ChannelSpec, CommGroup
 
 if TYPE_CHECKING:
     from cgraph.dag import FrontEnd
@@ -64,7 +64,7 @@ class GroupEndpoint:
     control: Any = None  # a reader handle closed to abort the group (shm: any member may; socket: the driver)
     nodes: tuple[str, ...] = ()  # each member's Ray node ("" for the driver's), by rank
     ready: bool = False  # a user communicator initialized at compile (``custom_comm``)
-    board: Any = None  # this member's end of the group's FaultBoard (``comm_faults``; one node only)
+    board: BoardHandle | None = None  # this member's end of the group's FaultBoard (one node only)
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def _check_custom(name: str, obj: Any) -> None:
     import ray.cloudpickle as cloudpickle
 
     try:
-        cloudpickle.dumps(obj)
+        cloudpickle.dumps(obj)  # type: ignore[no-untyped-call]  # unannotated in Ray
     except Exception as exc:  # noqa: BLE001
         raise CompileError(
             f"communicator {name} ({type(obj).__name__}) cannot be pickled ({type(exc).__name__}: "
@@ -311,7 +311,7 @@ def _make_group(res: CommResources, tag: str, group: CommGroup, obj: Any,
     kind, n = GROUP_KINDS[group.kind], len(group.members)
     payloads = kind.make(res, tag, group.name, n, obj)
     controls: list[Any] = [None] * n
-    boards: list[Any] = [None] * n
+    boards: list[BoardHandle | None] = [None] * n
     if not any(hosts[m] for m in group.members):
         shared = ShmChannel.create(tag, f"{group.name}.abort", num_readers=n, max_inflight=1, buffer_size=64)
         board = FaultBoard.create(tag, group.name, n)
@@ -333,7 +333,7 @@ def _make_group(res: CommResources, tag: str, group: CommGroup, obj: Any,
 
 def _add_edge(
     res: CommResources, programs: dict[str, CommProgram], graph: Graph, group: CommGroup,
-    spec: Any, tag: str, options: CompileOptions,
+    spec: ChannelSpec, tag: str, options: CompileOptions,
 ) -> None:
     (reader,) = spec.readers
     hosts = (graph.actor(spec.writer).host, graph.actor(reader).host)
@@ -348,7 +348,7 @@ def _add_edge(
         spec.node, spec.writer, rank(spec.writer), group.name, side.reader_handle(0), spec.hint, method)
 
 
-def _add_collective(programs: dict[str, CommProgram], graph: Graph, node: Any, group: CommGroup) -> None:
+def _add_collective(programs: dict[str, CommProgram], graph: Graph, node: Node, group: CommGroup) -> None:
     options = {k: graph.constants[a.index] for k, a in node.kwargs if not isinstance(a, Ref)}
     outputs = {
         n.key: n.id for n in graph.nodes

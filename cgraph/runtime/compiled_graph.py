@@ -61,6 +61,7 @@ from cgraph.errors import (
     with_compat,
 )
 from cgraph.runtime.inputs import InputUsage
+from cgraph.runtime.monitor import LoopMonitor
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Recorder
 from cgraph.runtime.refs import CompiledFuture, CompiledFutureList, CompiledRef, CompiledRefList
@@ -69,7 +70,7 @@ from cgraph.runtime.timeline import TIMELINE_ENV, collect, records
 
 if TYPE_CHECKING:
     from cgraph.ir import Graph
-    from cgraph.scheduler import Planned
+    from cgraph.scheduler import Planned, Schedule
 
 # Code written for Ray Compiled Graphs catches Ray's classes: cgraph's errors are
 # instances of those too (and of cgraph's own, and of the user's exception type).
@@ -105,7 +106,7 @@ class CompiledGraph:
         options: CompileOptions,
         endpoints: DriverEndpoints,
         input_usage: InputUsage,
-        loops: dict[str, Any],
+        loops: dict[str, ray.ObjectRef[str]],
         labels: dict[str, str],
         multi_output: bool,
         handles: dict[str, Any] | None = None,
@@ -126,7 +127,7 @@ class CompiledGraph:
         self._submit_lock = threading.Lock()
         self._teardown_lock = threading.Lock()
         self._submitted = 0
-        self._monitor: Any = None
+        self._monitor: LoopMonitor | None = None
         self.drawer: Any = None  # compiler.draw_schedule(planned, filename, format=, ...): set by the compiler
         self.tracer: Any = None  # cgraph.visualize (trace_of, explain, draw_timeline): set by the compiler
         self._tag = tag
@@ -138,8 +139,8 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------ public API
     @property
-    def schedule(self) -> Any:
-        """Per actor id, the ops its loop runs for one execution (``cgraph.scheduler.Schedule``)."""
+    def schedule(self) -> Schedule:
+        """Per actor id, the ops its loop runs for one execution."""
         return self.planned.schedule
 
     def execute(self, *args: Any, **kwargs: Any) -> CompiledRef | CompiledRefList:
@@ -158,7 +159,7 @@ class CompiledGraph:
         """
         return self._execute(args, kwargs, blocking=True)
 
-    def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> Any:
+    def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> CompiledRef | CompiledRefList:
         """execute(); with ``blocking=False``, raises ``_WouldBlock`` (nothing
         submitted) where it would have to wait: for another execute, for room, or
         for the input channel."""
@@ -294,7 +295,7 @@ class CompiledGraph:
     def _kill_actors(self) -> None:
         if ray.is_initialized():
             for handle in self._handles.values():
-                _quietly(lambda h=handle: ray.kill(h))
+                _quietly(functools.partial(ray.kill, handle))
 
     def _stop(self, timeout: float) -> None:
         if self._monitor is not None:
@@ -313,7 +314,7 @@ class CompiledGraph:
         ends = [self._ep.input_writer, *self._ep.output_readers.values()]
         for end in ends:  # the driver's own endpoints: their sockets close now, not when collected
             if end is not None:
-                _quietly(lambda end=end: end.detach())
+                _quietly(end.detach)
         _quietly(self._on_teardown)
         _LIVE.discard(self)
 
@@ -341,7 +342,7 @@ class CompiledGraph:
             _quietly(lambda: self.teardown(timeout=2.0))
 
     # ------------------------------------------------------------------ internals
-    def _start_monitor(self, monitor: Any) -> None:
+    def _start_monitor(self, monitor: LoopMonitor) -> None:
         self._monitor = monitor
 
     def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
@@ -397,4 +398,4 @@ def _torn_down_by_ray_shutdown(graph: CompiledGraph) -> None:
 @atexit.register
 def _teardown_all() -> None:
     for graph in list(_LIVE):
-        _quietly(lambda g=graph: g.teardown(timeout=2.0))
+        _quietly(functools.partial(graph.teardown, timeout=2.0))

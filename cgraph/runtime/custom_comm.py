@@ -97,7 +97,7 @@ def make_custom(res: Any, tag: str, name: str, n: int, obj: Any) -> list[Any]:
     unpickle one object for both and initialize it twice)."""
     import ray.cloudpickle as cloudpickle
 
-    return [cloudpickle.loads(cloudpickle.dumps(obj))] * n
+    return [cloudpickle.loads(cloudpickle.dumps(obj))] * n  # type: ignore[no-untyped-call]  # unannotated in Ray
 
 
 def open_custom(group: Any) -> Any:

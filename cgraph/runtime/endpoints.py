@@ -22,9 +22,10 @@ from cgraph.errors import ChannelClosedError, CompileError
 from cgraph.ir import DRIVER
 from cgraph.runtime.node_channels import RemoteShm
 from cgraph.runtime.options import CompileOptions
-from cgraph.scheduler.channels import ChannelKind
+from cgraph.scheduler.channels import ChannelKind, ChannelSpec
 
 if TYPE_CHECKING:
+    from cgraph.channels.socket_channel import SocketChannel
     from cgraph.scheduler import Planned
 
 
@@ -61,7 +62,7 @@ class Allocation:
 class _ShmResource(_ChannelResource):
     """An SHM channel: made here when its node is the driver's, else by that node's agent."""
 
-    def __init__(self, spec: Any, alloc: Allocation, ends: tuple[str, str]) -> None:
+    def __init__(self, spec: ChannelSpec, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.readers = tuple(spec.readers)
         made = alloc.remote.get(spec.id)
         self.channel = RemoteShm(made, self.readers) if made is not None else ShmChannel.create(
@@ -76,7 +77,7 @@ class _ShmResource(_ChannelResource):
 
 
 class _IntraResource:
-    def __init__(self, spec: Any, alloc: Allocation, ends: tuple[str, str]) -> None:
+    def __init__(self, spec: ChannelSpec, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.key = f"{alloc.tag}:{spec.id}"
         self.readers = tuple(spec.readers)
         self.max_inflight = alloc.options.max_inflight_executions
@@ -97,7 +98,7 @@ class _IntraResource:
 class _CommResource:
     """A COMM channel: its side channel and communicator group are made by ``communicators``."""
 
-    def __init__(self, spec: Any, alloc: Allocation, ends: tuple[str, str]) -> None:
+    def __init__(self, spec: ChannelSpec, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.id = spec.id
 
     def writer_handle(self) -> Any:
@@ -118,7 +119,7 @@ class _SocketResource(_ChannelResource):
     driver's control server. With several readers there, the first one's process relays
     each value into a shared-memory channel of that node that they all read (``relay``)."""
 
-    def __init__(self, spec: Any, alloc: Allocation, ends: tuple[str, str]) -> None:
+    def __init__(self, spec: ChannelSpec, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.readers = tuple(spec.readers)
         options = alloc.options
         self.channel = socket_channel(alloc.tag, spec.id, options.max_inflight_executions,
@@ -167,7 +168,7 @@ def remote_segments(planned: Planned) -> dict[str, list[tuple[str, int]]]:
 
 def socket_channel(tag: str, channel_id: str, max_inflight: int, *, secret: bytes | None = None,
                    max_value_bytes: int | None = None, ends: tuple[str, str] = ("", ""),
-                   tls: bool = False) -> Any:
+                   tls: bool = False) -> SocketChannel:
     """A one-reader TCP channel whose endpoints find each other through this driver and
     prove they know ``secret`` (the graph's; None: one of its own), over TLS if ``tls``."""
     import ray
@@ -176,8 +177,8 @@ def socket_channel(tag: str, channel_id: str, max_inflight: int, *, secret: byte
 
     limit = {} if max_value_bytes is None else {"max_value_bytes": max_value_bytes}
 
-    def create() -> Any:
-        server = ControlServer.shared(ray.util.get_node_ip_address(), tls=tls)
+    def create() -> SocketChannel:
+        server = ControlServer.shared(ray.util.get_node_ip_address(), tls=tls)  # type: ignore[no-untyped-call]  # unannotated in Ray
         return SocketChannel.create(server, tag, channel_id, max_inflight=max_inflight,
                                     secret=secret, ends=ends, **limit)
 
@@ -188,7 +189,7 @@ def socket_channel(tag: str, channel_id: str, max_inflight: int, *, secret: byte
 
 
 def node_channel(tag: str, channel_id: str, hosts: tuple[str, str], *, max_inflight: int,
-                 buffer_size: int, secret: bytes | None = None, tls: bool = False) -> Any:
+                 buffer_size: int, secret: bytes | None = None, tls: bool = False) -> ShmChannel | SocketChannel:
     """A one-reader channel from ``hosts[0]`` to ``hosts[1]`` ("" = the driver's node):
     shared memory when both are the driver's node, else a socket."""
     if any(hosts):
@@ -201,7 +202,7 @@ _RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResourc
               "CROSS_NODE": _SocketResource}
 
 
-def create_channel(spec: Any, *, tag: str, options: CompileOptions, secret: bytes | None = None,
+def create_channel(spec: ChannelSpec, *, tag: str, options: CompileOptions, secret: bytes | None = None,
                    ends: tuple[str, str] = ("", ""),
                    remote: Mapping[str, ShmHandle] | None = None, tls: bool = False) -> Any:
     """Allocate what one channel needs on the driver.

@@ -63,7 +63,7 @@ class ErrorValue:
                 execution_index=self.execution_index,
                 traceback_str=self.traceback_str,
             )
-        return with_compat(TaskError(  # type: ignore[return-value]
+        return with_compat(TaskError(
             f"{self.message} in {self.actor}.{self.method} (execution {self.execution_index})",
             actor=self.actor,
             method=self.method,

@@ -16,16 +16,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from functools import partial
 from types import CoroutineType
-from typing import Any
+from typing import Any, cast
 
 from cgraph import _spans
 from cgraph.channels.intra_channel import IntraWriter
-from cgraph.channels.opener import open_endpoint
+from cgraph.channels.opener import open_reader, open_writer
 from cgraph.channels.shm_channel import ShmWriter
-from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError
+from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError, add_note
 from cgraph.runtime import coverage_hook
 from cgraph.runtime.affinity import pin_thread
 from cgraph.runtime.comm_ops import Pending, comm_state, handle_collective, handle_recv, handle_send
@@ -57,9 +57,9 @@ class Context:
         self.program = program
         self.execution = 0
         self.values: dict[str, Any] = {}
-        self.readers = {node: open_endpoint(h) for node, h in program.readers.items()}
+        self.readers = {node: open_reader(h) for node, h in program.readers.items()}
         self.writers = {
-            node: tuple(open_endpoint(h) for h in hs) for node, hs in program.writers.items()
+            node: tuple(open_writer(h) for h in hs) for node, hs in program.writers.items()
         }
         # values written only to in-process channels: a Pending one passes through
         # unresolved, so a collective or RECV on the comm stream overlaps the compute
@@ -205,7 +205,8 @@ FORWARD_ENV = "CGRAPH_FORWARD"
 def _forwarding_write(op: Op, ctx: Context) -> Step:
     """A pass-through's WRITE: buffers of the value that lie in a slot this actor read
     stay there; the next reader views them and gives that slot back (zero-copy)."""
-    values, node, (writer,) = ctx.values, op.node, ctx.writers[op.node]
+    values, node = ctx.values, op.node
+    writer = cast(ShmWriter, ctx.writers[op.node][0])  # ``_forwards``: one shm channel
     held = ctx.to_release
 
     def write() -> None:
@@ -228,8 +229,8 @@ def _forwarding_write(op: Op, ctx: Context) -> Step:
 def _transfer_error(ctx: Context, node: str, exc: Exception, what: str) -> ErrorValue:
     """``exc``, raised moving node ``node``'s value between actors, as the value's error."""
     spec = ctx.program.computes.get(node)
-    exc.add_note(f"cgraph: the value of node {node} {what} (actor {ctx.program.label}); "
-                 "values cross actors pickled (Ray's cloudpickle)")
+    add_note(exc, f"cgraph: the value of node {node} {what} (actor {ctx.program.label}); "
+                  "values cross actors pickled (Ray's cloudpickle)")
     return ErrorValue.capture(exc, actor=ctx.program.label,
                               method=spec.method if spec is not None else f"<{node}>",
                               execution_index=ctx.execution)
@@ -238,7 +239,7 @@ def _transfer_error(ctx: Context, node: str, exc: Exception, what: str) -> Error
 def compute_step(op: Op, ctx: Context) -> Step:
     """Run the node's method on its arguments; an upstream error is forwarded instead."""
     spec = ctx.program.computes[op.node]
-    values, input_node = ctx.values, ctx.program.input_node
+    values, input_node = ctx.values, cast(str, ctx.program.input_node)  # None: no InputNode, so no ARG_INPUT
     fence = op.node in ctx.fenced  # a SEND may still read a tensor this method could update
 
     def resolve(kind: int, what: Any) -> Any:
@@ -298,7 +299,7 @@ def after_overlapped_sends(ops: tuple[Op, ...]) -> frozenset[str]:
     return frozenset(nodes)
 
 
-def _returns(spec: ComputeSpec, result: Any) -> tuple[Any, ...]:
+def _returns(spec: ComputeSpec, result: Iterable[Any]) -> tuple[Any, ...]:
     """A ``num_returns > 1`` method's values, checked against the bound count."""
     result = tuple(result)
     if len(result) != spec.num_returns:

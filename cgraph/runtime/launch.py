@@ -10,15 +10,17 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
 from cgraph._log import logger
 from cgraph.channels import tls
+from cgraph.channels.base import ChannelWriter
 from cgraph.channels.handshake import new_secret
-from cgraph.channels.opener import open_endpoint
+from cgraph.channels.opener import open_reader, open_writer
 from cgraph.channels.relay import RelayHandle
 from cgraph.channels.segments import cleanup_stale_segments
 from cgraph.channels.shm_channel import ShmHandle
@@ -57,20 +59,25 @@ def _actor_key(handle: Any) -> str:
 
 
 def input_usage(graph: Graph) -> InputUsage:
-    whole, positions, keys = False, set(), set()
+    whole = False
+    positions: set[int] = set()
+    keys: set[str] = set()
     for node in graph.nodes:
         if node.kind is NodeKind.INPUT_ATTR:
-            (positions if isinstance(node.key, int) else keys).add(node.key)
+            if isinstance(node.key, int):
+                positions.add(node.key)
+            else:
+                keys.add(cast(str, node.key))  # INPUT_ATTR: an int or a str
     consumers = graph.consumers()
     inp = graph.input_node()
     if inp is not None:
         whole = any(graph.node(c).kind is not NodeKind.INPUT_ATTR for c in consumers[inp.id])
         whole = whole or inp.id in graph.outputs
-    return InputUsage(whole, frozenset(positions), frozenset(keys))  # type: ignore[arg-type]
+    return InputUsage(whole, frozenset(positions), frozenset(keys))
 
 
 def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
-    spec = []
+    spec: list[tuple[str, int | str | None]] = []
     for out in graph.outputs:
         node = graph.node(out)
         if node.kind is NodeKind.INPUT:
@@ -82,7 +89,7 @@ def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
     return tuple(spec)
 
 
-def _allocate(planned: Planned, handles: dict[str, Any], tag: str, options: CompileOptions,
+def _allocate(planned: Planned, handles: Mapping[str, Any], tag: str, options: CompileOptions,
               secret: bytes, resources: dict[str, Any], use_tls: bool) -> None:
     """Make every channel into ``resources`` (also when one fails, so all can be freed):
     other nodes' shared memory first, through one actor of each (its *agent*)."""
@@ -99,7 +106,7 @@ def _allocate(planned: Planned, handles: dict[str, Any], tag: str, options: Comp
 
 
 def _node_watch(actor: str, program: ActorProgram, tag: str, secret: bytes,
-                resources: dict[str, Any], use_tls: bool) -> dict[str, Any]:
+                resources: dict[str, Any], use_tls: bool) -> NodeWatch | None:
     """For an actor off the driver's node that uses its node's shared memory: a channel
     the driver closes to close them (teardown, a failure) and their names; else None."""
     handles = [*program.readers.values(), *(h for hs in program.writers.values() for h in hs)]
@@ -129,6 +136,7 @@ def _program(actor: str, label: str, planned: Planned, resources: dict[str, Any]
     for op in planned.schedule[actor]:
         if op.kind is OpKind.READ:
             spec = plan.for_reader(op.node, actor)
+            assert spec is not None  # every READ has its channel
             readers[op.node] = resources[spec.id].reader_handle(actor)
         elif op.kind is OpKind.WRITE:
             writers[op.node] = tuple(
@@ -152,21 +160,22 @@ def _program(actor: str, label: str, planned: Planned, resources: dict[str, Any]
 def _driver_endpoints(planned: Planned, resources: dict[str, Any]) -> DriverEndpoints:
     graph, plan = planned.graph, planned.plan
     inp = graph.input_node()
-    writer = None
+    writer: ChannelWriter | FanOutWriter | None = None
     specs = plan.for_node(inp.id) if inp is not None else ()
     if len(specs) == 1:
-        writer = open_endpoint(resources[specs[0].id].writer_handle())
+        writer = open_writer(resources[specs[0].id].writer_handle())
     elif specs:  # readers on several nodes: one channel per node
-        writer = FanOutWriter([open_endpoint(resources[spec.id].writer_handle()) for spec in specs])
+        writer = FanOutWriter([open_writer(resources[spec.id].writer_handle()) for spec in specs])
     readers = {}
     for kind, node in _output_spec(graph):
         if kind == "node" and node not in readers:
             spec = plan.for_reader(node, DRIVER)
-            readers[node] = CopyingReader(open_endpoint(resources[spec.id].reader_handle(DRIVER)))
+            assert spec is not None  # every output the driver reads has its channel
+            readers[node] = CopyingReader(open_reader(resources[spec.id].reader_handle(DRIVER)))
     return DriverEndpoints(writer, readers, _output_spec(graph), list(resources.values()))
 
 
-def _start_loops(handles: dict[str, Any], programs: dict[str, Any], tag: str) -> dict[str, Any]:
+def _start_loops(handles: Mapping[str, Any], programs: dict[str, ActorProgram], tag: str) -> dict[str, ray.ObjectRef[str]]:
     """Start each actor's loop; returns the loops' object refs by actor.
 
     The loop runs in Ray's "_ray_system" concurrency group (one thread, made for

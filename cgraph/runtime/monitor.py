@@ -27,7 +27,7 @@ DEATH_GRACE_S = 3.0
 class LoopMonitor:
     def __init__(
         self,
-        loops: dict[str, ray.ObjectRef],
+        loops: dict[str, ray.ObjectRef[str]],
         labels: dict[str, str],
         on_failure: Callable[[RuntimeGraphError], None],
         poll_s: float = 0.5,
@@ -68,8 +68,8 @@ class LoopMonitor:
                 self._on_failure(error)
             return
 
-    def _death_behind(self, by_ref: dict[ray.ObjectRef, str],
-                      pending: list[ray.ObjectRef]) -> ActorDiedError | None:
+    def _death_behind(self, by_ref: dict[ray.ObjectRef[str], str],
+                      pending: list[ray.ObjectRef[str]]) -> ActorDiedError | None:
         """A loop that stopped on a lost channel often lost it because its peer died: an
         actor's death shows in its own loop's ref a moment later, and is the cause to
         report. Waits ``DEATH_GRACE_S`` for one."""
@@ -86,7 +86,7 @@ class LoopMonitor:
                     return error
         return None
 
-    def _describe(self, actor: str, ref: ray.ObjectRef) -> RuntimeGraphError:
+    def _describe(self, actor: str, ref: ray.ObjectRef[str]) -> RuntimeGraphError:
         label = self._labels.get(actor, actor)
         try:
             reason = ray.get(ref, timeout=1.0)

@@ -33,7 +33,7 @@ import ray
 from cgraph.channels.relay import RelayReader
 from cgraph.channels.segments import cleanup_stale_segments, unlink_channel
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle, ShmReader, ShmWriter
-from cgraph.channels.socket_endpoint import watch_closed
+from cgraph.channels.socket_endpoint import SocketHandle, watch_closed
 from cgraph.errors import CompileError
 
 MAKE_TIMEOUT_S = 60.0
@@ -43,7 +43,7 @@ MAKE_TIMEOUT_S = 60.0
 class NodeWatch:
     """``ActorProgram.node_watch``: the node channels an actor off the driver's node uses."""
 
-    watch: Any  # a socket channel's handle; the driver closes the channel to close them all
+    watch: SocketHandle  # the driver closes its channel to close them all
     segments: tuple[str, ...]  # their names, unlinked when the actor's loop ends
 
 

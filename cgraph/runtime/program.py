@@ -22,6 +22,7 @@ from cgraph.ir import Const, Graph, Node, NodeKind, Ref
 from cgraph.scheduler.ops import Op
 
 if TYPE_CHECKING:
+    from cgraph.channels.base import ChannelHandle
     from cgraph.runtime.communicators import CommProgram
     from cgraph.runtime.node_channels import NodeWatch
 
@@ -49,12 +50,12 @@ class ActorProgram:
     graph_tag: str
     ops: tuple[Op, ...]
     computes: dict[str, ComputeSpec]
-    readers: dict[str, Any]  # node -> reader endpoint handle
-    writers: dict[str, tuple[Any, ...]]  # node -> writer endpoint handles
+    readers: dict[str, ChannelHandle]  # node -> reader endpoint handle
+    writers: dict[str, tuple[ChannelHandle, ...]]  # node -> writer endpoint handles
     input_node: str | None = None
     comm: CommProgram | None = None  # its communicator groups and ops, if it has any
     node_watch: NodeWatch | None = None  # off the driver's node: what closes that node's channels
-    cpu_affinity: Any = None  # CPUs to pin the loop thread to (runtime/affinity.py), or None
+    cpu_affinity: set[int] | None = None  # CPUs to pin the loop thread to (runtime/affinity.py)
     timeline: int | None = None  # record op events, keeping this many executions (recording.py)
     ray_events: bool = False  # also append Ray's task events to the actor (RAY_CGRAPH_ENABLE_PROFILING)
     torch_profiles: str | None = None  # run the loop under torch's profiler, traces here (Ray's switch)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cgraph.errors import (
     CapacityError,
@@ -28,11 +28,15 @@ from cgraph.errors import (
     GraphTornDownError,
     RuntimeGraphError,
     TimeoutError,
+    add_note,
     with_compat,
 )
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.monitor import DEATH_GRACE_S
 from cgraph.runtime.options import CompileOptions
+
+if TYPE_CHECKING:
+    from cgraph.runtime.recording import Recorder
 
 
 class GraphState:
@@ -46,7 +50,7 @@ class GraphState:
     def fail(self, error: RuntimeGraphError) -> None:
         """The monitor's verdict (the first one stays); wakes who waits for it."""
         if self.failure is None:
-            self.failure = with_compat(error)  # type: ignore[assignment]
+            self.failure = with_compat(error)
         self.failed.set()
 
     def check_usable(self) -> None:
@@ -68,7 +72,7 @@ class GraphState:
         if isinstance(cause, ChannelLostError) and not self.torn_down:
             self.failed.wait(DEATH_GRACE_S + 2.0)
             if self.failure is None:
-                return with_compat(cause)  # type: ignore[no-any-return]
+                return with_compat(cause)
         if self.failure is not None:
             return self.failure
         return with_compat(
@@ -89,8 +93,8 @@ class Outputs:
         recorder: the timeline's recorder, or None when the graph records none.
     """
 
-    def __init__(self, options: CompileOptions, endpoints: Any, multi_output: bool, recorder: Any,
-                 state: GraphState) -> None:
+    def __init__(self, options: CompileOptions, endpoints: Any, multi_output: bool,
+                 recorder: Recorder | None, state: GraphState) -> None:
         self.options = options
         self._ep = endpoints
         self._multi_output = multi_output
@@ -219,6 +223,7 @@ class Outputs:
         """``get`` of the next execution of a one-output graph, without the
         bookkeeping of several outputs (most calls: execute, then get)."""
         reader = self._single
+        assert reader is not None  # only graphs with one output read this way
         try:
             value = reader.read(timeout=_remaining(deadline))
         except ChannelTimeoutError:
@@ -370,5 +375,5 @@ def _unreadable(exc: Exception, index: int) -> ErrorValue:
     """An output the driver took but cannot unpickle (a class from a module only the
     actors have): that execution's error, not a gap that would shift every later
     result by one."""
-    exc.add_note("cgraph: the driver could not unpickle this output")
+    add_note(exc, "cgraph: the driver could not unpickle this output")
     return ErrorValue.capture(exc, actor="driver", method="<read output>", execution_index=index)

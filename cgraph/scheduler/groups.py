@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from cgraph.errors import CompileError, TransportError
-from cgraph.ir.graph import ActorId, Graph, Node, NodeKind, Ref
+from cgraph.ir.graph import ActorId, Graph, Node, NodeId, NodeKind, Ref
 from cgraph.scheduler.channels import ChannelKind, ChannelSpec, CommGroup
 
 KINDS = ("cpu", "gloo", "nccl", "cuda_ipc", "custom")
@@ -56,7 +56,8 @@ def plan_groups(graph: Graph, channels: Sequence[ChannelSpec], default: str | No
         if spec.kind is ChannelKind.COMM:
             members.setdefault(spec.transport, set()).update((spec.writer, *spec.readers))
     ranked = {t: tuple(sorted(m, key=order.__getitem__)) for t, m in members.items()}
-    groups = {t: (t, ms, []) for t, ms in ranked.items()}  # name -> (transport, members, collectives)
+    groups: dict[str, tuple[str, tuple[ActorId, ...], list[NodeId]]] = {  # name -> transport, members, collectives
+        t: (t, ms, []) for t, ms in ranked.items()}
     for node in graph.nodes:
         if node.kind is not NodeKind.COLLECTIVE:
             continue

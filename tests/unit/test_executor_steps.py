@@ -60,7 +60,8 @@ def _run(method: str, inputs: list[tuple[Any, Any]], spec_args: Any = None,
     readers = {"x": _Reader([a for a, _ in inputs]), "y": _Reader([b for _, b in inputs])}
     writer = _Writer()
     assert monkeypatch is not None
-    monkeypatch.setattr(executor, "open_endpoint", lambda h: readers.get(h, writer))
+    monkeypatch.setattr(executor, "open_reader", lambda h: readers[h])
+    monkeypatch.setattr(executor, "open_writer", lambda h: writer)
     ops = (Op("a", OpKind.READ, "x"), Op("a", OpKind.READ, "y"),
            Op("a", OpKind.COMPUTE, "z"), Op("a", OpKind.WRITE, "z"))
     args = spec_args or ((ARG_VALUE, "x"), (ARG_VALUE, "y"))
@@ -118,7 +119,8 @@ def test_execute_arguments_reach_the_method(args: Any, expected: int,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     readers = {"n0": _Reader([((5, 7), {"k": 2})])}
     writer = _Writer()
-    monkeypatch.setattr(executor, "open_endpoint", lambda h: readers.get(h, writer))
+    monkeypatch.setattr(executor, "open_reader", lambda h: readers[h])
+    monkeypatch.setattr(executor, "open_writer", lambda h: writer)
     ops = (Op("a", OpKind.READ, "n0"), Op("a", OpKind.COMPUTE, "z"), Op("a", OpKind.WRITE, "z"))
     program = ActorProgram("a", "a (Actor)", "t", ops, {"z": ComputeSpec("z", "add", args, ())},
                            {"n0": "n0"}, {"z": ("z",)}, input_node="n0")
@@ -131,7 +133,8 @@ def test_execute_arguments_reach_the_method(args: Any, expected: int,
 def test_keyword_arguments_and_several_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     readers = {"x": _Reader([1])}
     writer = _Writer()
-    monkeypatch.setattr(executor, "open_endpoint", lambda h: readers.get(h, writer))
+    monkeypatch.setattr(executor, "open_reader", lambda h: readers[h])
+    monkeypatch.setattr(executor, "open_writer", lambda h: writer)
     ops = (Op("a", OpKind.READ, "x"), Op("a", OpKind.COMPUTE, "z"), Op("a", OpKind.WRITE, "z1"))
     spec = ComputeSpec("z", "pair", ((ARG_VALUE, "x"),), (("b", (ARG_CONST, 2)),),
                        num_returns=2, items=("z0", "z1"))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from cgraph.comm.transport import Transport, describe_layout, node_layout
 from cgraph.comm.tuning.tuner import TunedComm, Tuner
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveError, CollectiveGroupError
+
+if TYPE_CHECKING:
+    from cgraph.comm.rendezvous import Membership
 
 
 class _Mesh:
@@ -249,7 +252,7 @@ class CpuComm(TunedComm):
         return type(exc)(f"{exc}; {why}", exc.group, exc.rank)
 
 
-def connect(membership: Any, hooks: Hooks) -> CpuComm:
+def connect(membership: Membership, hooks: Hooks) -> CpuComm:
     """This rank's ``CpuComm`` from its store ``Membership`` (cpu backend); never waits for peers."""
     spec = membership.spec
     layout.announce(membership, hooks.node)

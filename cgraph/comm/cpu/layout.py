@@ -154,7 +154,7 @@ def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
     peers = [r for r in range(spec.world_size) if nodes[r] != nodes[rank]]
     return socket_links.listen(
         rank, peers, membership.secret, f"cpu-links {spec.name}.{membership.nonce}",
-        ray.util.get_node_ip_address(),
+        ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]  # unannotated in Ray
         publish=lambda address: _set(membership, f"addr/{rank}", address.encode()),
         address_of=lambda r: _get(membership, f"addr/{r}", f"rank {r}'s address").decode(),
         timeout=spec.timeout_s, use_tls=tls.wanted(None))

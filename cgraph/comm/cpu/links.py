@@ -106,18 +106,18 @@ class SocketLinks:
         sender = self._senders[dst]
         sender.wait(self._timeout)  # the pair's previous message has left
         if isinstance(sock, ssl.SSLSocket):
-            sender.start([memoryview(header), memoryview(raw)])  # TLS: no flags, no sendmsg
+            sender.start([memoryview(header), raw.data])  # TLS: no flags, no sendmsg
             return
         try:
-            sent = sock.sendmsg([header, raw], [], socket.MSG_DONTWAIT)
+            sent = sock.sendmsg([header, raw.data], [], socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
             raise ChannelClosedError(f"send to rank {dst}: {exc}") from exc
         if sent < HEADER:
-            sender.start([memoryview(header)[sent:], memoryview(raw)])
+            sender.start([memoryview(header)[sent:], raw.data])
         elif sent < HEADER + raw.size:
-            sender.start([memoryview(raw)[sent - HEADER :]])
+            sender.start([raw.data[sent - HEADER :]])
 
     def wait_sent(self, dst: int) -> None:
         """Wait until everything posted to ``dst`` has left (the kernel has it)."""
@@ -130,7 +130,7 @@ class SocketLinks:
         sock = self.link(dst)
         self._senders[dst].wait(self._timeout)
         try:
-            _send_parts(sock, [fingerprint + raw.size.to_bytes(8, "little"), raw])
+            _send_parts(sock, [fingerprint + raw.size.to_bytes(8, "little"), raw.data])
         except TimeoutError:
             raise ChannelTimeoutError(f"send to rank {dst}: it read nothing for {self._timeout:g} s") from None
         except OSError as exc:
@@ -145,7 +145,7 @@ class SocketLinks:
             False when the received message belongs to another call or has another length.
         """
         raw_in = byte_view(recvbuf)
-        out = _Progress([fingerprint + byte_view(sendbuf).size.to_bytes(8, "little"), byte_view(sendbuf)])
+        out = _Progress([fingerprint + byte_view(sendbuf).size.to_bytes(8, "little"), byte_view(sendbuf).data])
         into = _Incoming(fingerprint, raw_in)
         dst_sock, src_sock = self.link(dst), self.link(src)
         self._senders[dst].wait(self._timeout)
@@ -205,7 +205,7 @@ class SocketLinks:
         self._read(memoryview(header), src)
         if bytes(header[:8]) != fingerprint or int.from_bytes(header[8:], "little") != raw.size:
             return False
-        self._read(memoryview(raw), src)
+        self._read(raw.data, src)
         return True
 
     def close(self) -> None:
@@ -320,7 +320,7 @@ def connect(rank: int, peers: Sequence[int], secret: bytes, claim_prefix: str, h
 class _Progress:
     """What is left of a message being sent without blocking."""
 
-    def __init__(self, parts: list[bytes | np.ndarray]) -> None:
+    def __init__(self, parts: list[bytes | memoryview]) -> None:
         self._parts = [memoryview(p).cast("B") for p in parts if len(memoryview(p).cast("B"))]
 
     @property
@@ -349,7 +349,7 @@ class _Incoming:
 
     def __init__(self, fingerprint: bytes, raw: np.ndarray) -> None:
         self._fingerprint, self._header, self._got = fingerprint, bytearray(HEADER), 0
-        self._payload = memoryview(raw).cast("B")
+        self._payload = raw.data.cast("B")
         self.done = False
 
     def advance(self, sock: socket.socket) -> bool:
@@ -374,7 +374,7 @@ class _Incoming:
         return True
 
 
-def _send_parts(sock: socket.socket, parts: list[bytes | np.ndarray]) -> None:
+def _send_parts(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
     """``sendall`` of several buffers (the socket's timeout bounds each wait)."""
     for part in parts:
         if len(memoryview(part).cast("B")):

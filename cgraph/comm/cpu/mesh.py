@@ -148,7 +148,7 @@ class LinkTransport:
         """Free the slot of the message from ``src`` that a lease views (idempotent)."""
         if src in self._viewed:
             self._viewed.discard(src)
-            self._inp[src].release()
+            self._peer(self._inp, src).release()
 
     def _take(self, src: int, dtype: Any, size: int) -> tuple[Any, np.ndarray, Any]:
         """The next message from ``src``, its array form checked to fit ``size x dtype``, and the reader."""
@@ -327,7 +327,7 @@ class NumpyView:
 
     def __init__(self, tensor: torch.Tensor, raw: bool = False) -> None:
         self._tensor, self._raw = tensor, raw
-        self._work: Any = None
+        self._work: torch.Tensor = tensor  # the tensor worked on: this one, or a copy (__enter__)
 
     def __enter__(self) -> np.ndarray:
         import torch

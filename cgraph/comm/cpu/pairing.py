@@ -152,7 +152,7 @@ def _admit(sock: socket.socket, secret: bytes, claim_prefix: str, lookup: Callab
         if use_tls:
             sock.setblocking(False)
             sock = tls.wrap(sock, server_side=True)
-            tls.handshake(sock, time.monotonic() + handshake.HANDSHAKE_S)  # type: ignore[arg-type]
+            tls.handshake(sock, time.monotonic() + handshake.HANDSHAKE_S)
         sock.settimeout(handshake.HANDSHAKE_S)
         claim = handshake.answer(sock, lookup)
         sock.settimeout(None)

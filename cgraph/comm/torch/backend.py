@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,6 +55,9 @@ from cgraph.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
 )
+
+if TYPE_CHECKING:
+    from cgraph.comm.rendezvous import Membership
 
 NATIVE = "native"
 """The ``algorithm`` that runs the backend's own allreduce, and its name among "auto"'s
@@ -80,6 +83,8 @@ class TorchComm(TunedComm):
     A failure inside torch (a timeout, a dead peer) breaks the process group:
     later calls say so.
     """
+
+    tuner: Tuner
 
     def __init__(self, make: Callable[[Team, str], Any], name: str, members: Team,
                  nodes: tuple[Hashable, ...], device: str) -> None:
@@ -298,7 +303,7 @@ def _describe(row: list[int]) -> str:
     return f"{signatures.describe([*row[:2], -1, *row[3:]])} {'auto' if row[2] == AUTO_CODE else NATIVE}"
 
 
-def connect(membership: Any, hooks: Hooks) -> TorchComm:
+def connect(membership: Membership, hooks: Hooks) -> TorchComm:
     """This rank's ``TorchComm`` from its store ``Membership`` (gloo or nccl).
 
     Raises:
@@ -336,7 +341,7 @@ def _torch_op(op: ReduceOp) -> Any:
 def _local_ip() -> str:
     import ray
 
-    return ray.util.get_node_ip_address()
+    return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]  # unannotated in Ray
 
 
 def _dist() -> Any:

@@ -72,7 +72,7 @@ def process_group(backend: str, store: Any, rank: int, size: int, timeout: timed
     import torch.distributed as dist
 
     if backend == "gloo":
-        options = dist.ProcessGroupGloo._Options()
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # missing from torch's stubs
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=host or _node_address())]
         options._timeout = timeout
         return dist.ProcessGroupGloo(store, rank, size, options)
@@ -302,7 +302,7 @@ class _Cuda:
         import torch
 
         self.device = torch.device("cuda", torch.cuda.current_device())
-        self.stream = torch.cuda.Stream(self.device)
+        self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def enter(self) -> Any:
         import contextlib
@@ -321,7 +321,7 @@ def _node_address() -> str:
         import ray
 
         if ray.is_initialized():
-            return str(ray.util.get_node_ip_address())
+            return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]  # unannotated in Ray
     except Exception:  # noqa: BLE001 - no Ray worker here: the loopback address
         pass
     return "127.0.0.1"

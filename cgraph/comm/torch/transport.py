@@ -47,7 +47,8 @@ class ProcessGroupTransport:
         if len(nodes) != pg.size():
             raise ValueError(f"{len(nodes)} node ids for a process group of {pg.size()} ranks")
         self._pg, self._nodes, self._device = pg, tuple(nodes), device
-        self._rank, self._size = pg.rank(), pg.size()
+        self._rank: int = pg.rank()
+        self._size: int = pg.size()
 
     @property
     def rank(self) -> int:

@@ -46,7 +46,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -376,7 +376,7 @@ def probe(transport: Transport, arm: Arm, arr: np.ndarray, op: ReduceOp,
         logger.debug("auto at %s: %s now runs instead of %s (probes %s)", _size(arr.nbytes),
                      arm.incumbent, before, arm.history)
 
-def _debug(what: str, nbytes: int, names: Sequence[str], ratios: Sequence[float]) -> None:
+def _debug(what: str, nbytes: int, names: Sequence[str], ratios: Iterable[float]) -> None:
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("auto %s at %s: %s", what, _size(nbytes),
                      ", ".join(f"{n} {r:.2f}" for n, r in zip(names, ratios, strict=True)))

@@ -18,7 +18,7 @@ from its ``Tuner``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -140,7 +140,9 @@ class TunedComm:
     """What a backend's communicator answers for ``tuning`` (``tune``, ``choose_algorithm``,
     ``explain``, the cost parameters): its ``tuner``'s state. A subclass provides ``tuner``."""
 
-    tuner: Tuner
+    if TYPE_CHECKING:  # an attribute or a property
+        @property
+        def tuner(self) -> Tuner: ...
 
     @property
     def calibration(self) -> Calibration | None:
