@@ -1,9 +1,14 @@
 """Call signatures as small integer vectors, compared across ranks before a torch collective.
 
 Gloo aborts the whole process when ranks pass tensors of different sizes, and
-NCCL hangs; so the torch backends first gather every rank's signature (one
-small allgather, or a header and an answer for send / recv) and raise
-``CollectiveMismatchError`` on every rank, leaving the group usable::
+NCCL hangs; so before a torch collective the ranks ``agree``: one MAX allreduce
+of a few integers, each rank's mark (a reason to stop, e.g. a bad input) and its
+signature with its negation (a field's max equals minus the max of its negation
+only where every rank has the same value). On a mismatch, the rare path, every
+rank's signature is gathered to say which call each made, and every rank raises
+``CollectiveMismatchError`` with the group still usable. The imperative API's
+gloo/nccl backend and a compiled graph's collective nodes both agree this way;
+send / recv compare a header and an answer instead::
 
     encode("allreduce", float32 tensor of shape (2, 3), SUM, -1)
         -> [1, 0, -1, 0, 2, 6, 2, 3, -1, -1, -1, -1]
@@ -13,6 +18,7 @@ small allgather, or a header and an answer for send / recv) and raise
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cgraph.comm.algorithms import ALGORITHMS
@@ -64,3 +70,13 @@ def describe(header: Any) -> str:
     elif h[2] >= 0:
         text += f" root {h[2]}"
     return text
+
+
+def agree(mark: int, signature: Sequence[int], max_allreduce: Callable[[list[int]], list[int]]) -> tuple[int, bool]:
+    """Every rank calls with its ``mark`` (0: nothing to stop for) and ``signature``; one
+    MAX allreduce (``max_allreduce`` runs it on the group) gives every rank the same
+    answer: the largest mark, and whether every rank's signature is the same."""
+    sig = [int(x) for x in signature]
+    agreed = max_allreduce([mark, *sig, *(-x for x in sig)])
+    n = len(sig)
+    return agreed[0], agreed[1:1 + n] == [-x for x in agreed[1 + n:]]

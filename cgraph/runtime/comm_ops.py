@@ -349,10 +349,9 @@ def run_collective(
 ) -> tuple[Any, list[Any]]:
     """One member's part of a collective node; a member's bad input fails it on every member.
 
-    The members first agree, in one MAX allreduce of a few integers, on whether
-    every input is usable and whether all have one dtype and shape (each member's
-    signature and its negation: a field's max equals minus the max of its negation
-    only where every member has the same value). If an input is not usable, the
+    The members first agree (``signatures.agree``: one MAX allreduce of a few
+    integers) on whether every input is usable and whether all have one dtype and
+    shape. If an input is not usable, the
     lowest such rank broadcasts its error value, so every member's result is that
     error (whichever member's result the driver reads, it raises the original
     exception); if the signatures differ, every member's result is the same
@@ -365,13 +364,17 @@ def run_collective(
     error = value if isinstance(value, ErrorValue) else origin(ValueError(problem)) if problem else None
     mark = 0 if error is None else comm.world_size - comm.rank  # MAX picks the lowest failing rank
     sig = [0] * signatures.LENGTH if error is not None else _signature(endpoint, value)
-    flag = torch.tensor([mark, *sig, *(-x for x in sig)], dtype=torch.int64, device=comm.device)
-    comm.allreduce(flag, "max")
-    comm.synchronize()
-    agreed = [int(x) for x in flag.tolist()]
-    if agreed[0]:
-        return _share_error(comm, error, comm.world_size - agreed[0]), []
-    if agreed[1:1 + len(sig)] != [-x for x in agreed[1 + len(sig):]]:
+
+    def max_allreduce(values: list[int]) -> list[int]:
+        flag = torch.tensor(values, dtype=torch.int64, device=comm.device)
+        comm.allreduce(flag, "max")
+        comm.synchronize()
+        return [int(x) for x in flag.tolist()]
+
+    failing, same = signatures.agree(mark, sig, max_allreduce)
+    if failing:
+        return _share_error(comm, error, comm.world_size - failing), []
+    if not same:
         return origin(_mismatch(endpoint, comm, sig)), []
     out = COLLECTIVES[endpoint.method](comm, value.detach().to(comm.device), endpoint.op, endpoint.algorithm)
     return out, [out]

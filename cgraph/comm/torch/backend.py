@@ -231,15 +231,24 @@ class TorchComm(TunedComm):
 
     # ------------------------------------------------------------------ internals
     def _agree(self, header: list[int]) -> None:
-        """Gather every rank's signature; raise the same mismatch on every rank."""
+        """``signatures.agree``; on a mismatch, gather every rank's call and raise the same
+        ``CollectiveMismatchError`` on every rank."""
+        _, same = signatures.agree(0, header, self._max_allreduce)
+        if same:
+            return
         mine = self._tensor(header)
         gathered = [self._tensor([0] * len(header)) for _ in range(self.world_size)]
         self._wait("signature check", lambda pg: pg.allgather([gathered], [mine]))
         rows = [[int(x) for x in g.tolist()] for g in gathered]
-        if all(row == rows[0] for row in rows):
-            return
         calls = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
         raise self._mismatch(f"the ranks entered different calls ({calls})")
+
+    def _max_allreduce(self, values: list[int]) -> list[int]:
+        flag = self._tensor(values)
+        options = _dist().AllreduceOptions()
+        options.reduceOp = _torch_op(ReduceOp.MAX)
+        self._wait("signature check", lambda pg: pg.allreduce([flag], options))
+        return [int(x) for x in flag.tolist()]
 
     def _mismatch(self, detail: str) -> CollectiveMismatchError:
         return CollectiveMismatchError(
