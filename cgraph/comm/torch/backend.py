@@ -44,11 +44,18 @@ from cgraph.comm.group import Hooks
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.teams import Team
 from cgraph.comm.tensor_views import working
-from cgraph.comm.torch.process_group import process_group
+from cgraph.comm.torch.process_group import (
+    process_group,
+    start_allgather,
+    start_allreduce,
+    start_broadcast,
+    start_reduce,
+    start_reducescatter,
+)
 from cgraph.comm.torch.transport import ProcessGroupTransport
 from cgraph.comm.transport import describe_layout
 from cgraph.comm.tuning.tuner import TunedComm, Tuner
-from cgraph.comm.types import ReduceOp, dist_op
+from cgraph.comm.types import ReduceOp
 from cgraph.errors import (
     CollectiveError,
     CollectiveGroupError,
@@ -119,9 +126,7 @@ class TorchComm(TunedComm):
     def _run(self, tensor: Any, op: ReduceOp, name: str) -> None:
         """The backend's own allreduce on ``tensor``, or cgraph's ``name`` over the process group."""
         if name == NATIVE:
-            options = _dist().AllreduceOptions()
-            options.reduceOp = _torch_op(op)
-            self._wait("allreduce", lambda pg: pg.allreduce([tensor], options))
+            self._wait("allreduce", lambda pg: start_allreduce(pg, tensor, op))
             return
         with working(tensor, "numpy") as arr:
             options = self.tuner.options(name, arr.nbytes)
@@ -134,25 +139,19 @@ class TorchComm(TunedComm):
 
         host = torch.from_numpy(buf)
         tensor = host if self._device == "cpu" else host.to(self._device)
-        options = _dist().AllreduceOptions()
-        options.reduceOp = _torch_op(op)
-        self.process_group.allreduce([tensor], options).wait()
+        start_allreduce(self.process_group, tensor, op).wait()
         if tensor is not host:
             host.copy_(tensor.cpu())
 
     def reduce(self, tensor: Any, dst: int, op: ReduceOp) -> None:
         self._agree(signatures.encode("reduce", tensor, op, dst))
-        options = _dist().ReduceOptions()
-        options.rootRank, options.reduceOp = dst, _torch_op(op)
         # torch may use a non-root's tensor as scratch; cgraph leaves it unchanged.
         work = tensor if self.rank == dst else tensor.clone()
-        self._wait("reduce", lambda pg: pg.reduce([work], options))
+        self._wait("reduce", lambda pg: start_reduce(pg, work, dst, op))
 
     def broadcast(self, tensor: Any, src: int) -> None:
         self._agree(signatures.encode("broadcast", tensor, None, src))
-        options = _dist().BroadcastOptions()
-        options.rootRank = src
-        self._wait("broadcast", lambda pg: pg.broadcast([tensor], options))
+        self._wait("broadcast", lambda pg: start_broadcast(pg, tensor, src))
 
     def allgather(self, outs: Sequence[Any], tensor: Any, algorithm: str = "auto") -> None:
         self._agree(signatures.encode("allgather", tensor, None, _gather_code("allgather", algorithm)))
@@ -167,26 +166,19 @@ class TorchComm(TunedComm):
                 with working(out, "numpy") as view:
                     view.reshape(-1)[:] = whole[r * n : (r + 1) * n]
             return
-        if tensor.is_complex():  # gloo gathers no complex type: gather their real views
-            import torch
-
-            tensor, outs = torch.view_as_real(tensor), [torch.view_as_real(o) for o in outs]
-        self._wait("allgather", lambda pg: pg.allgather([list(outs)], [tensor]))
+        self._wait("allgather", lambda pg: start_allgather(pg, outs, tensor))
 
     def reducescatter(self, out: Any, parts: Sequence[Any], op: ReduceOp, algorithm: str = "auto") -> None:
         import torch
 
         self._agree(signatures.encode("reducescatter", out, op, _gather_code("reducescatter", algorithm)))
-        whole = torch.cat([part.reshape(-1) for part in parts])
+        if algorithm in ("auto", NATIVE):  # the backend's own
+            self._wait("reducescatter", lambda pg: start_reducescatter(pg, out, parts, op))
+            return
+        whole = torch.cat([part.reshape(-1) for part in parts])  # cgraph's, over the process group
         n = out.numel()
-        if algorithm not in ("auto", NATIVE):  # cgraph's over the process group
-            with working(whole, "numpy") as arr:
-                self._guard("reducescatter", lambda: algorithms.reducescatter(
-                    self._transport, arr, op, algorithm=algorithm))
-        else:  # Gloo has no reduce_scatter: allreduce the concatenation, keep this rank's part.
-            options = _dist().AllreduceOptions()
-            options.reduceOp = _torch_op(op)
-            self._wait("reducescatter", lambda pg: pg.allreduce([whole], options))
+        with working(whole, "numpy") as arr:
+            self._guard("reducescatter", lambda: algorithms.reducescatter(self._transport, arr, op, algorithm=algorithm))
         out.copy_(whole[self.rank * n : (self.rank + 1) * n].reshape(out.shape))
 
     def send(self, tensor: Any, dst: int) -> None:
@@ -245,9 +237,7 @@ class TorchComm(TunedComm):
 
     def _max_allreduce(self, values: list[int]) -> list[int]:
         flag = self._tensor(values)
-        options = _dist().AllreduceOptions()
-        options.reduceOp = _torch_op(ReduceOp.MAX)
-        self._wait("signature check", lambda pg: pg.allreduce([flag], options))
+        self._wait("signature check", lambda pg: start_allreduce(pg, flag, ReduceOp.MAX))
         return [int(x) for x in flag.tolist()]
 
     def _mismatch(self, detail: str) -> CollectiveMismatchError:
@@ -343,17 +333,7 @@ def _exchange_nodes(store: Any, rank: int, size: int, node: str) -> tuple[Hashab
     return tuple(store.get(str(r)).decode() for r in range(size))
 
 
-def _torch_op(op: ReduceOp) -> Any:
-    return dist_op(op)
-
-
 def _local_ip() -> str:
     import ray
 
     return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]  # unannotated in Ray
-
-
-def _dist() -> Any:
-    import torch.distributed as dist
-
-    return dist

@@ -5,6 +5,12 @@
     store actor on the driver's node              pg = process_group(backend, store, r, n)
                                                    ProcessGroupCommunicator(rendezvous, r, n, backend)
 
+``process_group`` builds every torch process group cgraph uses and the
+``start_*`` functions start every torch collective it runs, for this communicator
+(a compiled graph's edges and collective nodes) and for the imperative API's
+backend (``comm.torch.backend``, which adds the signature check, teams and
+"auto") alike.
+
 The rendezvous keys (NCCL's unique id, gloo's pair addresses) live in a
 ``KVStore`` actor (``ray_store``) and travel by Ray calls: no TCP server is
 opened for them, so only the graph's Ray cluster can read or write them. The
@@ -81,6 +87,52 @@ def process_group(backend: str, store: Any, rank: int, size: int, timeout: timed
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
     raise ValueError(f"unknown process-group backend {backend!r}; use one of {BACKENDS}")
+
+
+# --------------------------------------------------------------------------- torch's calls
+# The one place cgraph starts torch's collectives: the compiled graph's communicator
+# (``ProcessGroupCommunicator``) and the imperative API's backend (``comm.torch.backend``)
+# both call these, so the two cannot drift apart. Each returns torch's ``Work``.
+def start_allreduce(pg: Any, tensor: Any, op: ReduceOp) -> Any:
+    import torch.distributed as dist
+
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist_op(op)
+    return pg.allreduce([tensor], options)
+
+
+def start_reduce(pg: Any, tensor: Any, dst: int, op: ReduceOp) -> Any:
+    import torch.distributed as dist
+
+    options = dist.ReduceOptions()
+    options.rootRank, options.reduceOp = dst, dist_op(op)
+    return pg.reduce([tensor], options)
+
+
+def start_broadcast(pg: Any, tensor: Any, src: int) -> Any:
+    import torch.distributed as dist
+
+    options = dist.BroadcastOptions()
+    options.rootRank, options.rootTensor = src, 0
+    return pg.broadcast([tensor], options)
+
+
+def start_allgather(pg: Any, outs: Sequence[Any], tensor: Any) -> Any:
+    """Gloo gathers no complex dtype: complex tensors travel as their real views."""
+    if tensor.is_complex():
+        import torch
+
+        tensor, outs = torch.view_as_real(tensor), [torch.view_as_real(o) for o in outs]
+    return pg.allgather([list(outs)], [tensor])
+
+
+def start_reducescatter(pg: Any, out: Any, parts: Sequence[Any], op: ReduceOp) -> Any:
+    """``out`` = the reduction of every rank's ``parts[rank]`` (torch 2.13's gloo has it too)."""
+    import torch.distributed as dist
+
+    options = dist.ReduceScatterOptions()
+    options.reduceOp = dist_op(op)
+    return pg.reduce_scatter([out], [[p.contiguous() for p in parts]], options)
 
 
 def backend_available(backend: str) -> bool:
@@ -194,15 +246,11 @@ class ProcessGroupCommunicator(Communicator):
         self._run(lambda pg: pg.recv([tensor], src, 0))
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
-        import torch.distributed as dist
-
         name = getattr(self, "algorithm", "native")
         if name != "native":  # one of cgraph's, over this group's send/recv (gloo)
             self._allreduce_with(self._group(), tensor, as_reduce_op(op), name)
             return
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist_op(as_reduce_op(op))
-        self._run(lambda pg: pg.allreduce([tensor], opts))
+        self._run(lambda pg: start_allreduce(pg, tensor, as_reduce_op(op)))
 
     def _allreduce_with(self, pg: Any, tensor: torch.Tensor, op: ReduceOp, name: str) -> None:
         if self._transport is None:
@@ -211,24 +259,16 @@ class ProcessGroupCommunicator(Communicator):
             algorithms.allreduce(self._transport, flat, op, name)
 
     def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
-        self._run(lambda pg: pg.allgather([list(out)], [tensor]))
+        self._run(lambda pg: start_allgather(pg, out, tensor))
 
     def reducescatter(
         self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM
     ) -> None:
-        import torch.distributed as dist
-
-        opts = dist.ReduceScatterOptions()
-        opts.reduceOp = dist_op(as_reduce_op(op))
-        parts = [p.contiguous() for p in split_chunks(out, tensors, self._size)]
-        self._run(lambda pg: pg.reduce_scatter([out], [parts], opts))
+        parts = split_chunks(out, tensors, self._size)
+        self._run(lambda pg: start_reducescatter(pg, out, parts, as_reduce_op(op)))
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        import torch.distributed as dist
-
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = src, 0
-        self._run(lambda pg: pg.broadcast([tensor], opts))
+        self._run(lambda pg: start_broadcast(pg, tensor, src))
 
     def barrier(self) -> None:
         self._run(lambda pg: pg.barrier())
