@@ -750,12 +750,18 @@ def test_futures_dropped_unawaited_inside_asyncio_release_their_results(make):
     with InputNode() as inp:
         dag = MultiOutputNode([a.echo.bind(inp), b.echo.bind(inp)])
 
-    async def one(i):
-        await asyncio.sleep(i * 0.05)
-        futs = await compiled.execute_async(i)
-        return await futs[0]  # futs[1] is dropped unawaited
-
     async def main():
+        done = [asyncio.Event() for _ in range(6)]
+
+        async def one(i):  # each submits once the one before has its value: never at capacity
+            if i:
+                await done[i - 1].wait()
+            futs = await compiled.execute_async(i)
+            value = await futs[0]
+            del futs  # futs[1] is dropped unawaited, inside the event loop
+            done[i].set()
+            return value
+
         return await asyncio.gather(*[one(i) for i in range(6)])
 
     with _compile(dag, enable_asyncio=True, _max_inflight_executions=2) as compiled:
