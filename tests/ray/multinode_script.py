@@ -31,6 +31,12 @@ def in_cgraph_shm(arr) -> bool:
     return False
 
 
+def segments_of(compiled) -> list[str]:
+    """The graph's shared-memory segments on this machine, whichever node's process made
+    them (``cgraph_<pid>_<graph tag>_<channel>``): other test processes' are not its."""
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_") and f"_{compiled._tag}_" in n)
+
+
 def report(name: str, **values: object) -> None:
     print(json.dumps({"check": name, **values}), flush=True)
 
@@ -237,7 +243,7 @@ def run_checks() -> None:
     report("death", error=died, seconds=time.monotonic() - start)
     compiled.teardown()
     report("teardown", survivors=ray.get([a.inc.remote(1), b.inc.remote(1)], timeout=60),
-           segments=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+           segments=segments_of(compiled))
 
 
 ALGORITHMS = ("star", "chain", "tree", "butterfly", "ring", "reduction_server", "shared")
@@ -424,12 +430,12 @@ def check_shared_memory_on_node2(a, b, c) -> None:
     made_by = {spec.id: spec.kind.name for spec in compiled.planned.plan.channels}
     got = [compiled.execute(n).get(timeout=60) for n in (10, 1 << 20, 10)]  # 8 MiB grows the slot
     pids = ray.get([b.pid.remote(), c.pid.remote()])
-    segments = sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_"))
+    segments = segments_of(compiled)
     compiled.teardown()
     report("node_shm", kinds=made_by, got=got,
            want=[[True, float(sum(range(n)))] for n in (10, 1 << 20, 10)],
            made_on_node2=bool(segments) and all(n.split("_")[1] in map(str, pids) for n in segments),
-           left=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+           left=segments_of(compiled))
 
     with InputNode() as inp:
         x = a.make.bind(inp)
@@ -441,7 +447,7 @@ def check_shared_memory_on_node2(a, b, c) -> None:
     compiled.teardown()
     report("relay", channels=channels, got=got,
            want=[[[True, float(sum(range(n)))]] * 2 for n in (1000, 1 << 18, 7)],
-           left=sorted(n for n in os.listdir("/dev/shm") if n.startswith("cgraph_")))
+           left=segments_of(compiled))
 
 
 def check_tls(a, b, c) -> None:
