@@ -148,6 +148,28 @@ def test_trial_and_probes_time_native_and_the_user_gets_its_result(clock: FakeCl
         assert measured is not None and "native runs" in measured
 
 
+def test_a_spent_budget_stops_the_measuring_and_keeps_the_model_s_pick(clock: FakeClock) -> None:
+    """The group's timeout bounds a first auto call's measuring (``tuner.AUTO_SHARE``): past
+    it, one round per size left (a warmup's counts), no trial; every rank stops alike."""
+    nbytes = 256 << 10
+
+    def rank(t):  # type: ignore[no-untyped-def]
+        calls: list[int] = []
+        tuner = Tuner(t, {"native": _native(t, clock, 0.5, calls)}, sizes=SIZES, repeats=3,
+                      timeout_s=1e-6)  # spent by the first round
+        arm = tuner.arm(nbytes)  # would measure 18 rounds, then the size class's trial
+        calibration = tuner.calibration
+        return arm.incumbent, arm.challenger, calibration.choose(nbytes), calibration.sizes, calls
+
+    out = run_ranks(LocalTransport.create(3), rank)
+    for incumbent, challenger, model_pick, sizes, calls in out:
+        assert (incumbent, challenger) == out[0][:2]
+        assert incumbent == model_pick, "no trial: the calibrated model's pick runs"
+        assert challenger is not None, "...and its runner-up is probed later"
+        assert sizes == SIZES, "every size is still measured"
+        assert len(calls) == len(SIZES), "one round per size"
+
+
 def test_real_timings_still_give_every_rank_the_same_pick() -> None:
     """No fake clock: noisy times, yet the slowest rank's numbers decide on every rank."""
 

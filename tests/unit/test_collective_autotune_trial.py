@@ -61,9 +61,9 @@ def test_trial_skips_candidates_far_behind_the_model() -> None:
     timed: list[list[str]] = []
     real = measurement.round_times
 
-    def spy(transport, names_, nbytes, repeats, warmup, own=None):  # type: ignore[no-untyped-def]
+    def spy(transport, names_, nbytes, repeats, warmup, *rest):  # type: ignore[no-untyped-def]
         timed.append(list(names_))
-        return real(transport, names_, nbytes, repeats, warmup, own)
+        return real(transport, names_, nbytes, repeats, warmup, *rest)
 
     measurement.round_times = spy
     try:
@@ -81,7 +81,7 @@ def test_overruling_the_model_takes_a_head_to_head(model_pick_faster: bool,
     ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, 1 << 20))
     calls: list[list[str]] = []
 
-    def fake(transport, names, nbytes, repeats, warmup, own=None):  # type: ignore[no-untyped-def]
+    def fake(transport, names, nbytes, repeats, warmup, *rest):  # type: ignore[no-untyped-def]
         calls.append(list(names))
         if len(calls) <= 2:  # the first trial (one call per rank): the last candidate looks fastest
             return np.array([[1.0] * (len(names) - 1) + [0.5]] * repeats)

@@ -19,7 +19,9 @@ allreduce given one of cgraph's algorithms (``algorithm="ring"``,
 reduction server's hierarchy follows the real nodes. "native" is the backend's
 own allreduce; "auto" picks among it and cgraph's algorithms as on the "cpu"
 backend (``tuner.Tuner``: calibrated on the group's first "auto" call, with
-"native" one more candidate, modelled as ring times its measured ratio)::
+"native" one more candidate, modelled as ring times its measured ratio; a call
+measures for at most ``tuner.AUTO_SHARE`` of the group's timeout, so that a
+rank measuring on one team keeps its peers on another from timing out)::
 
     auto, 4 ranks on 2 nodes:  measure every candidate at FIT_BYTES, "native" too
                                + ranks (0 1) inside a node, (0 2) across: alpha_inter, beta_inter
@@ -105,7 +107,7 @@ class TorchComm(TunedComm):
         self._broken: str | None = None
         self._transport = ProcessGroupTransport(self.process_group, nodes, device)
         self.tuner = Tuner(self._transport, {NATIVE: self._native}, self._guard, FIT_BYTES,
-                           FIT_REPEATS)
+                           FIT_REPEATS, _timeout_s(self.process_group))
 
     def allreduce(self, tensor: Any, op: ReduceOp, algorithm: str) -> None:
         if algorithm not in ("auto", NATIVE, *algorithms.ALGORITHMS):
@@ -271,6 +273,13 @@ class TorchComm(TunedComm):
                 f"group {self._name!r}, rank {self.rank}: {what} failed in torch.distributed: "
                 f"{text} (a peer did not arrive within timeout_s, or died; {describe_layout(self.nodes, self.rank)})",
                 self._name, self.rank) from exc
+
+
+def _timeout_s(process_group: Any) -> float | None:
+    """How long one of the process group's calls waits for a peer (``auto`` measures within
+    ``tuner.AUTO_SHARE`` of it); None where torch does not say."""
+    timeout = getattr(getattr(process_group, "options", None), "_timeout", None)
+    return None if timeout is None else float(timeout.total_seconds())
 
 
 def _text(header: Any) -> str:

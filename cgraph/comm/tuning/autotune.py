@@ -61,8 +61,8 @@ from cgraph.comm.tuning.measurement import REPEATS as REPEATS
 from cgraph.comm.tuning.measurement import Run as Run
 from cgraph.comm.tuning.measurement import measure as measure
 from cgraph.comm.tuning.measurement import measure_links as measure_links
+from cgraph.comm.tuning.measurement import out_of_time, run_candidate, slowest_rank_times
 from cgraph.comm.tuning.measurement import ranks_per_node as ranks_per_node
-from cgraph.comm.tuning.measurement import run_candidate, slowest_rank_times
 from cgraph.comm.types import ReduceOp
 
 FALLBACK = "ring"
@@ -206,13 +206,15 @@ def size_class(nbytes: int) -> int:
 
 
 def calibrate(transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS,
-              own: Mapping[str, Run] | None = None) -> Calibration | None:
+              own: Mapping[str, Run] | None = None,
+              deadline: float | None = None) -> Calibration | None:
     """Measure (``own``: the backend's allreduces, as candidates) and fit, with the
-    ``measure_links`` of a group on several nodes; every rank calls. None for one rank."""
+    ``measure_links`` of a group on several nodes; every rank calls. None for one rank.
+    Past ``deadline`` (``measurement.out_of_time``) each size left gets one round."""
     if transport.world_size == 1:
         return None
-    samples = measure(transport, sizes, repeats, own)
-    calibration = Calibration.of(samples, measure_links(transport, repeats))
+    samples = measure(transport, sizes, repeats, own, deadline=deadline)
+    calibration = Calibration.of(samples, measure_links(transport, repeats, deadline))
     cores = np.array([len(os.sched_getaffinity(0))], dtype=np.int64)
     allreduce(transport, cores, ReduceOp.MIN, "ring")  # every rank the same count
     return replace(calibration, cores=int(cores[0]))
@@ -256,24 +258,33 @@ def trial(transport: Transport, calibration: Calibration, nbytes: int,
 
 def trial_arm(transport: Transport, calibration: Calibration, nbytes: int,
               keep: int = TRIAL_CANDIDATES, repeats: int | None = None,
-              own: Mapping[str, Run] | None = None) -> Arm:
-    """``trial``, kept as an ``Arm``: its winner runs, its runner-up is probed later."""
+              own: Mapping[str, Run] | None = None, deadline: float | None = None) -> Arm:
+    """``trial``, kept as an ``Arm``: its winner runs, its runner-up is probed later.
+
+    With a ``deadline`` (``measurement.out_of_time``: every rank agrees), the ranks
+    stop measuring once it has passed. Before the trial, the model's pick runs and its
+    runner-up is probed; before the head to head, the model's pick runs and the
+    trial's winner is probed: the probes take the second measurement's place."""
     ranked = sorted(calibration.ratios, key=lambda a: calibration.predict(a, nbytes))
     best_pred = calibration.predict(ranked[0], nbytes)
     ranked = [a for a in ranked if calibration.predict(a, nbytes) <= TRIAL_WINDOW * best_pred]
     ranked = ranked[:keep]
     if len(ranked) == 1:
         return Arm(ranked[0], None)
+    if out_of_time(transport, deadline):
+        return Arm(ranked[0], ranked[1])
     if repeats is None:
         repeats = trial_repeats(calibration, ranked, nbytes)
-    scores = _round_scores(slowest_rank_times(transport, ranked, nbytes, repeats, 1, own))
+    scores = _round_scores(slowest_rank_times(transport, ranked, nbytes, repeats, 1, own, deadline))
     order = [ranked[i] for i in np.argsort(scores, kind="stable")]
     _debug("trial", nbytes, ranked, scores)
     winner, runner_up = order[0], order[1]
     if winner == ranked[0]:
         return Arm(winner, runner_up)
+    if out_of_time(transport, deadline):
+        return Arm(ranked[0], winner)
     pair = [ranked[0], winner]
-    times = slowest_rank_times(transport, pair, nbytes, 2 * repeats, 0, own)
+    times = slowest_rank_times(transport, pair, nbytes, 2 * repeats, 0, own, deadline)
     challenger = float(np.median(times[:, 1] / times[:, 0]))
     _debug("head to head", nbytes, pair, [1.0, challenger])
     return Arm(winner, ranked[0]) if challenger < OVERRULE else Arm(ranked[0], winner)

@@ -9,6 +9,8 @@ the group's ``Transport``) or a backend's own allreduce, handed in as ``own``
     measure_links(t)      a group on several nodes: two ranks of one node and two of
                           two nodes (``link_pairs``), LINK_ALGORITHMS at LINK_BYTES
     slowest_rank_times    each round's time per candidate, the maximum over the ranks
+    deadline, out_of_time a bound on the rounds: after each one the ranks agree
+                          whether any is past its deadline, and all stop together
 
     layout  a a b b  ->  link_pairs: (0 1) inside node a, (0 2) between a and b
 
@@ -57,10 +59,27 @@ def ranks_per_node(transport: Transport) -> int:
     return max(counts.values())
 
 
+def deadline(budget_s: float | None) -> float | None:
+    """``budget_s`` from now on this rank's clock (the one ``out_of_time`` reads); None: none."""
+    return None if budget_s is None else time.perf_counter() + budget_s
+
+
+def out_of_time(transport: Transport, deadline: float | None) -> bool:
+    """Whether any rank is past its ``deadline``: the same answer on every rank (every rank
+    calls; one 8-byte allreduce). Without a deadline, False and no message."""
+    if deadline is None:
+        return False
+    late = np.array([float(time.perf_counter() >= deadline)])
+    allreduce(transport, late, ReduceOp.MAX, "ring")
+    return bool(late[0])
+
+
 def measure(transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS,
-            own: Mapping[str, Run] | None = None, names: Sequence[str] = ()) -> list[Sample]:
+            own: Mapping[str, Run] | None = None, names: Sequence[str] = (),
+            deadline: float | None = None) -> list[Sample]:
     """Time every candidate (cgraph's algorithms, then ``own``'s; or ``names``) at ``sizes``
-    on all ranks; identical samples on every rank."""
+    on all ranks; identical samples on every rank. Past ``deadline`` (``out_of_time``), each
+    remaining size gets one round."""
     rpn = ranks_per_node(transport)
     runs = runs_on(transport)
     names = tuple(names) or (*(a for a in cost_model.candidates(rpn) if a in runs), *(own or {}))
@@ -70,7 +89,8 @@ def measure(transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: int
     for k, j in enumerate(sorted(range(len(sizes)), key=lambda j: -sizes[j])):
         # the largest size costs most; smaller ones are cheap and noisier: time them more
         count = repeats if k == 0 else 2 * repeats + 1
-        local[:, j] = _median_times(transport, names, sizes[j], count, WARMUP if k == 0 else 0, own)
+        local[:, j] = _median_times(transport, names, sizes[j], count, WARMUP if k == 0 else 0, own,
+                                    deadline)
     allreduce(transport, local, ReduceOp.MAX, "ring")
     p = transport.world_size
     return [
@@ -81,19 +101,23 @@ def measure(transport: Transport, sizes: Sequence[int] = FIT_BYTES, repeats: int
 
 
 def _median_times(transport: Transport, names: Sequence[str], nbytes: int, repeats: int,
-                  warmup: int, own: Mapping[str, Run] | None) -> list[float]:
+                  warmup: int, own: Mapping[str, Run] | None,
+                  deadline: float | None) -> list[float]:
     """Each algorithm's median time at ``nbytes`` on this rank (see ``round_times``)."""
-    times = round_times(transport, names, nbytes, repeats, warmup, own)
+    times = round_times(transport, names, nbytes, repeats, warmup, own, deadline)
     return [float(v) for v in np.median(times, axis=0)]
 
 
 def round_times(transport: Transport, names: Sequence[str], nbytes: int, repeats: int,
-                warmup: int, own: Mapping[str, Run] | None = None) -> np.ndarray:
+                warmup: int, own: Mapping[str, Run] | None = None,
+                deadline: float | None = None) -> np.ndarray:
     """This rank's time of every algorithm in each timed round: shape (rounds, names).
 
     The algorithms run in rounds over all of them, from a fresh copy of the input
     each time, so that a burst of load from elsewhere on the host hits every
-    algorithm of a round alike."""
+    algorithm of a round alike. With a ``deadline``, the ranks stop together after
+    the first round that ends with one of them past it (``out_of_time``); stopped
+    in the warmup, its last round counts as the one timed round."""
     source = np.random.default_rng(transport.rank).random(max(1, nbytes // 4), dtype=np.float32)
     buf = np.empty_like(source)
     times = np.empty((warmup + max(1, repeats), len(names)), dtype=np.float64)
@@ -104,6 +128,8 @@ def round_times(transport: Transport, names: Sequence[str], nbytes: int, repeats
             start = time.perf_counter()
             run_candidate(transport, name, buf, ReduceOp.SUM, own)
             times[r, i] = time.perf_counter() - start
+        if r < times.shape[0] - 1 and out_of_time(transport, deadline):
+            return times[min(r, warmup) : r + 1]
     return times[warmup:]
 
 
@@ -130,7 +156,8 @@ def link_pairs(layout: Sequence[Hashable]) -> tuple[tuple[int, int], ...]:
     return (*inside, (home.ranks[0], away.ranks[0]))
 
 
-def measure_links(transport: Transport, repeats: int = REPEATS) -> list[Sample]:
+def measure_links(transport: Transport, repeats: int = REPEATS,
+                  deadline: float | None = None) -> list[Sample]:
     """Time ``link_pairs`` (every rank calls; the pairs' members time ``LINK_ALGORITHMS`` at
     ``LINK_BYTES``): two-rank samples whose links all lie inside one node or all between two.
 
@@ -148,7 +175,8 @@ def measure_links(transport: Transport, repeats: int = REPEATS) -> list[Sample]:
     for i, pair in enumerate(pairs):
         if transport.rank in pair:
             team = TeamTransport(transport, Team(pair))
-            times[i] = [s.seconds for s in measure(team, LINK_BYTES, repeats, names=LINK_ALGORITHMS)]
+            times[i] = [s.seconds for s in measure(team, LINK_BYTES, repeats, names=LINK_ALGORITHMS,
+                                                   deadline=deadline)]
     if pairs:
         allreduce(transport, times, ReduceOp.MAX, "ring")
     return [Sample(name, 2, nbytes, float(times[i, j]), 2 if layout[a] == layout[b] else 1)
@@ -156,8 +184,10 @@ def measure_links(transport: Transport, repeats: int = REPEATS) -> list[Sample]:
 
 
 def slowest_rank_times(transport: Transport, names: Sequence[str], nbytes: int, repeats: int,
-                       warmup: int, own: Mapping[str, Run] | None = None) -> np.ndarray:
+                       warmup: int, own: Mapping[str, Run] | None = None,
+                       deadline: float | None = None) -> np.ndarray:
     """``round_times`` with each entry the largest over the ranks (same on every rank)."""
-    times = np.ascontiguousarray(round_times(transport, names, nbytes, repeats, warmup, own))
+    times = round_times(transport, names, nbytes, repeats, warmup, own, deadline)
+    times = np.ascontiguousarray(times)
     allreduce(transport, times, ReduceOp.MAX, "ring")
     return times

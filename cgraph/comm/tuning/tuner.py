@@ -10,6 +10,11 @@ collective work in its error handling::
     each auto call      arm(n): the size class's Arm (its trial on first use)
                         arm.due() -> probe(arm, ...)   else run choose(n)
 
+An ``auto`` call's measuring (calibration and trial together) stops once it has
+taken ``AUTO_SHARE`` of the group's timeout: meanwhile this rank's peers on its
+other teams wait for it under that timeout, and load stretches the measuring.
+``tune``, asked for by name, measures in full.
+
 The user's side of it (``tuning``: ``tune``, ``choose_algorithm``, ``explain``,
 ``get_cost_params``, ``set_cost_params``) calls the communicator, which answers
 from its ``Tuner``.
@@ -37,8 +42,19 @@ from cgraph.comm.tuning.autotune import (
     trial_arm,
 )
 from cgraph.comm.tuning.cost_model import CostParams
-from cgraph.comm.tuning.measurement import FIT_BYTES, REPEATS, Run, ranks_per_node
+from cgraph.comm.tuning.measurement import FIT_BYTES, REPEATS, Run, deadline, ranks_per_node
 from cgraph.comm.types import ReduceOp
+
+AUTO_SHARE = 0.25
+"""The part of the group's ``timeout_s`` after which an ``auto`` call's first-use measuring
+stops, at the end of the round under way (``measurement.out_of_time``); what it leaves
+unmeasured, the model's pick decides and the probes check (``autotune.trial_arm``).
+
+Rank 0 of ``split_2d(g, 2)`` allreduces over row (0 1), then column (0 2): it waits in the
+column's signature check, under gloo's timeout, while rank 2 still measures on row (2 3).
+A team's first calls measured for 0.5-2 s on 2 idle cores and 7-15 s beside two busy
+loops: unbounded, a busier host took them past a 30 s timeout. A quarter leaves room for
+the round under way and for waits that chain through a second team."""
 
 
 class Tuner:
@@ -55,9 +71,12 @@ class Tuner:
 
     def __init__(self, transport: Transport, own: Mapping[str, Run] | None = None,
                  guard: Callable[[str, Callable[[], Any]], Any] | None = None,
-                 sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS) -> None:
+                 sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS,
+                 timeout_s: float | None = None) -> None:
         self.transport, self.own = transport, dict(own or {})
         self.sizes, self.repeats = tuple(sizes), repeats  # what ``tune`` measures by default
+        # an auto call's measuring stops after this (None: never; ``tune`` never does)
+        self.budget_s = None if timeout_s is None else AUTO_SHARE * timeout_s
         self._guard = guard or (lambda what, work: work())
         self.calibration: Calibration | None = None
         self.tuned = False
@@ -76,15 +95,18 @@ class Tuner:
 
     def arm(self, nbytes: int) -> Arm | None:
         """The size class's trial-settled arm; None where the model alone decides."""
+        until = None  # this call's measuring stops there (``AUTO_SHARE``)
         if not self.tuned and self.transport.world_size > 1:
-            self.tune()
+            until = deadline(self.budget_s)
+            self._calibrate(self.sizes, self.repeats, until)
         calibration = self.calibration
         if calibration is None or self.arms is None or nbytes < TRIAL_MIN_BYTES:
             return None
         key = size_class(nbytes)
         if key not in self.arms:
+            until = deadline(self.budget_s) if until is None else until
             self.arms[key] = self._guard("autotune trial", lambda: trial_arm(
-                self.transport, calibration, nbytes, own=self.own))
+                self.transport, calibration, nbytes, own=self.own, deadline=until))
         return self.arms[key]
 
     def measured(self, nbytes: int) -> str | None:
@@ -98,8 +120,11 @@ class Tuner:
 
     def tune(self, sizes: Sequence[int] | None = None, repeats: int | None = None) -> None:
         """Measure and fit now (every rank calls); the size classes' trials start over."""
+        self._calibrate(sizes or self.sizes, repeats or self.repeats, None)
+
+    def _calibrate(self, sizes: Sequence[int], repeats: int, until: float | None) -> None:
         self.calibration = self._guard("autotune", lambda: calibrate(
-            self.transport, sizes or self.sizes, repeats or self.repeats, self.own))
+            self.transport, sizes, repeats, self.own, until))
         self.tuned, self.arms = True, {}
 
     def set_params(self, params: CostParams | None) -> None:
