@@ -14,7 +14,7 @@ from typing import Any, cast
 from cgraph.collective import groups
 from cgraph.comm import backends
 from cgraph.comm.tensor_views import kind_of, working
-from cgraph.comm.tuning.tuner import TunedComm
+from cgraph.comm.tuning.autotune import TunedComm
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveGroupError
 

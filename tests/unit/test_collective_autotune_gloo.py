@@ -23,8 +23,8 @@ import pytest
 from cgraph.comm.algorithms import allreduce as real_allreduce
 from cgraph.comm.transport import Transport
 from cgraph.comm.tuning import autotune, cost_model, measurement
+from cgraph.comm.tuning.autotune import Tuner
 from cgraph.comm.tuning.cost_model import CostParams
-from cgraph.comm.tuning.tuner import Tuner
 from cgraph.comm.types import ReduceOp
 from tests.fabric import LocalTransport, run_ranks
 
@@ -149,7 +149,7 @@ def test_trial_and_probes_time_native_and_the_user_gets_its_result(clock: FakeCl
 
 
 def test_a_spent_budget_stops_the_measuring_and_keeps_the_model_s_pick(clock: FakeClock) -> None:
-    """The group's timeout bounds a first auto call's measuring (``tuner.AUTO_SHARE``): past
+    """The group's timeout bounds a first auto call's measuring (``autotune.AUTO_SHARE``): past
     it, one round per size left (a warmup's counts), no trial; every rank stops alike."""
     nbytes = 256 << 10
 
@@ -264,8 +264,8 @@ def test_one_node_measures_no_links() -> None:
 
 def test_the_reduction_server_slices_as_the_fitted_model_says() -> None:
     """Before a calibration: the algorithm's default; after: ``cost_model.slice_bytes``."""
+    from cgraph.comm.tuning.autotune import Tuner
     from cgraph.comm.tuning.cost_model import CostParams, slice_bytes
-    from cgraph.comm.tuning.tuner import Tuner
     from tests.fabric import LocalTransport
 
     t = LocalTransport.create(4, node_of=[0, 0, 1, 1])[0]
@@ -282,8 +282,8 @@ def test_where_a_nodes_ranks_take_every_core_the_slices_do_not_overlap() -> None
     as large as the choices allow (each slice only adds its messages' latency)."""
     import dataclasses
 
+    from cgraph.comm.tuning.autotune import Tuner
     from cgraph.comm.tuning.cost_model import SLICE_CHOICES, CostParams, slice_bytes
-    from cgraph.comm.tuning.tuner import Tuner
     from tests.fabric import LocalTransport
 
     tuner = Tuner(LocalTransport.create(4, node_of=[0, 0, 1, 1])[0])

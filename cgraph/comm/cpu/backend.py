@@ -35,7 +35,7 @@ from cgraph.comm.group import Hooks
 from cgraph.comm.teams import Team, TeamTransport
 from cgraph.comm.tensor_views import dtype_name
 from cgraph.comm.transport import Transport, describe_layout, node_layout
-from cgraph.comm.tuning.tuner import TunedComm, Tuner
+from cgraph.comm.tuning.autotune import TunedComm, Tuner
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveError, CollectiveGroupError
 

@@ -18,9 +18,9 @@ allreduce given one of cgraph's algorithms (``algorithm="ring"``,
 (``comm.torch.transport``), with the ranks' Ray nodes as the node layout, so the
 reduction server's hierarchy follows the real nodes. "native" is the backend's
 own allreduce; "auto" picks among it and cgraph's algorithms as on the "cpu"
-backend (``tuner.Tuner``: calibrated on the group's first "auto" call, with
+backend (``autotune.Tuner``: calibrated on the group's first "auto" call, with
 "native" one more candidate, modelled as ring times its measured ratio; a call
-measures for at most ``tuner.AUTO_SHARE`` of the group's timeout, so that a
+measures for at most ``autotune.AUTO_SHARE`` of the group's timeout, so that a
 rank measuring on one team keeps its peers on another from timing out)::
 
     auto, 4 ranks on 2 nodes:  measure every candidate at FIT_BYTES, "native" too
@@ -56,7 +56,7 @@ from cgraph.comm.torch.process_group import (
 )
 from cgraph.comm.torch.transport import ProcessGroupTransport
 from cgraph.comm.transport import describe_layout
-from cgraph.comm.tuning.tuner import TunedComm, Tuner
+from cgraph.comm.tuning.autotune import TunedComm, Tuner
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import (
     CollectiveError,
@@ -277,7 +277,7 @@ class TorchComm(TunedComm):
 
 def _timeout_s(process_group: Any) -> float | None:
     """How long one of the process group's calls waits for a peer (``auto`` measures within
-    ``tuner.AUTO_SHARE`` of it); None where torch does not say."""
+    ``autotune.AUTO_SHARE`` of it); None where torch does not say."""
     timeout = getattr(getattr(process_group, "options", None), "_timeout", None)
     return None if timeout is None else float(timeout.total_seconds())
 

@@ -2,6 +2,6 @@
 
     cost_model    alpha-beta-gamma predictions of the algorithms, and their fitting
     measurement   timing candidates on a live group
-    tuner         a group's ``auto`` state: what each backend's communicator keeps
-    autotune      the cost model, fitted to a group's transport, picks the algorithm
+    autotune      "auto": the cost model fitted to a group's transport picks the algorithm;
+                  a group's state (``Tuner``), what each backend's communicator keeps
 """
