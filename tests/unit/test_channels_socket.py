@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import socket
 import threading
@@ -129,9 +130,10 @@ def _write_counting(handle, count, progress):
 
 
 def _block_then_report(handle, mode):
-    endpoint = open_endpoint(handle)
     start = time.monotonic()
+    endpoint = None
     try:
+        endpoint = open_endpoint(handle)  # a slow start may find the channel closed already
         if mode == "reader":
             endpoint.read()
         elif mode == "writer":
@@ -143,7 +145,8 @@ def _block_then_report(handle, mode):
         outcome = "returned"
     except ChannelClosedError:
         outcome = "closed"
-    endpoint.detach()
+    if endpoint is not None:
+        endpoint.detach()
     return outcome, time.monotonic() - start
 
 
@@ -334,7 +337,8 @@ def test_owner_close_wakes_a_blocked_endpoint_in_another_process(server, tag, mo
         ch.close()
         outcome, _ = finish(proc, out)
         assert outcome == "closed"
-        assert time.monotonic() - closed_at < 2.0
+        # the close wakes it, not the keepalive's LOST_PEER_S (30 s); generous for a loaded host
+        assert time.monotonic() - closed_at < 10.0
         if idle_reader is not None:
             with pytest.raises(ChannelClosedError):
                 idle_reader.read(timeout=1)
@@ -355,7 +359,7 @@ def test_closing_one_endpoint_wakes_the_other(server, tag, closer):
         closed_at = time.monotonic()
         mine.close()
         outcome, _ = finish(proc, out)
-        assert outcome == "closed" and time.monotonic() - closed_at < 2.0
+        assert outcome == "closed" and time.monotonic() - closed_at < 10.0  # the close, not LOST_PEER_S
         assert ch.closed
         with pytest.raises(ChannelClosedError):
             mine.read() if closer == "reader" else mine.write(1)
@@ -598,23 +602,23 @@ def test_values_written_before_the_writer_detaches_still_arrive(server, tag):
         reader.detach()
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def test_a_write_interrupted_half_way_ends_the_stream(server, tag):
     with SocketChannel.create(server, tag, "sigint") as ch:
         reader = stopping_reader(ch.reader_handle())
         writer = open_endpoint(ch.writer_handle())
         writer.write(0, timeout=10)
-        previous = signal.signal(signal.SIGALRM, _interrupt)
+        wait = writer._wait
+
+        def interrupted(sock, event, deadline):  # ^C the moment the write blocks half-way
+            if sock is writer._data and event == select.POLLOUT:
+                raise KeyboardInterrupt
+            return wait(sock, event, deadline)
+
+        writer._wait = interrupted
         try:
-            signal.setitimer(signal.ITIMER_REAL, 0.5)
             with pytest.raises(KeyboardInterrupt):
-                writer.write(np.ones(BIG))  # its reader is stopped: it blocks half-way
+                writer.write(np.ones(BIG))  # its reader is stopped: the kernel's buffers fill
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
             reader.kill()
             reader.join(5)
         with pytest.raises(ChannelClosedError, match="half-way"):
