@@ -3,8 +3,8 @@
 # CPU cluster, shared by the whole phase) and GPU tests (skipped without CUDA) in one
 # process. Unit tests check that they never start Ray, so the phases never share a
 # process. Measured on the 2-core VM (docs/design-notes.md): two workers take the unit
-# phase from ~3.7 to ~2.7 min; the Ray phase is CPU-bound, and workers each starting a
-# Ray cluster made it slower (12.5 min on two, 15 on three, against ~11 in one).
+# phase from ~3.7 to ~2.3 min; the Ray phase is CPU-bound and gains nothing from workers
+# that each start a Ray cluster (12.5 min on two, 15 on three, 13 in one process).
 # Exit status: the first phase that failed, else 0.
 set -uo pipefail
 PY="${1:-.venv/bin/python}"
