@@ -32,7 +32,8 @@ from cgraph.ir.graph import ActorId, Graph, Node, NodeId, NodeKind, Ref
 from cgraph.scheduler.channels import ChannelKind, ChannelSpec, CommGroup
 
 KINDS = ("cpu", "gloo", "nccl", "cuda_ipc", "custom")
-"""Every kind of group the runtime can make and open."""
+"""Every kind of group the planner gives; the runtime makes and opens each
+(``runtime.communicators.GROUP_KINDS``, a test holds the two together)."""
 
 
 def plan_groups(graph: Graph, channels: Sequence[ChannelSpec], default: str | None,

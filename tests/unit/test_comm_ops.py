@@ -34,7 +34,7 @@ from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.executor import HANDLERS, after_overlapped_sends, run_actor_loop
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
-from cgraph.scheduler import OpKind, format_schedule, plan_schedule
+from cgraph.scheduler import OpKind, format_schedule, groups, plan_schedule
 from tests.fabric import LocalTransport
 
 
@@ -275,6 +275,7 @@ def test_user_communicator_is_copied_initialised_and_used() -> None:
 
 def test_every_group_kind_has_a_row_and_groups_are_planned_per_transport() -> None:
     assert set(GROUP_KINDS) == {"cpu", "gloo", "nccl", "cuda_ipc", "custom"}
+    assert set(GROUP_KINDS) == set(groups.KINDS), "the runtime makes every kind the planner plans"
     graph = parse_graph(COLLECTIVE.format(method="allreduce"))
     planned = plan_schedule(graph, default_communicator="cpu")
     assert [str(g) for g in planned.plan.groups] == ["group cpu = cpu a,b via cpu for n3"]
