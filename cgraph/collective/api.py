@@ -38,7 +38,7 @@ from cgraph import _spans
 from cgraph.collective import groups
 from cgraph.collective.arguments import all_working, check_parts, check_peer, reduce_op, tuned_comm
 from cgraph.collective.groups import DEFAULT_TIMEOUT_S
-from cgraph.comm import backends, teams
+from cgraph.comm import kinds, teams
 from cgraph.comm.tensor_views import working
 from cgraph.comm.tuning import autotune, cost_model
 from cgraph.comm.tuning.cost_model import CostParams
@@ -152,7 +152,7 @@ def nccl_available() -> bool:
     Returns:
         True when torch.distributed has NCCL and a CUDA device is visible here.
     """
-    return backends.nccl_available()
+    return kinds.nccl_available()
 
 
 def gloo_available() -> bool:
@@ -161,7 +161,7 @@ def gloo_available() -> bool:
     Returns:
         True when torch.distributed has gloo.
     """
-    return backends.gloo_available()
+    return kinds.gloo_available()
 
 
 # --------------------------------------------------------------------------- collectives

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from cgraph.collective import groups
-from cgraph.comm import backends
+from cgraph.comm import kinds
 from cgraph.comm.tensor_views import kind_of, working
 from cgraph.comm.tuning.autotune import TunedComm
 from cgraph.comm.types import ReduceOp
@@ -100,7 +100,7 @@ def tuned_comm(group_name: str, call: str) -> TunedComm:
 
 
 @contextlib.contextmanager
-def all_working(tensors: Sequence[Any], row: backends.Backend, write: bool = True) -> Iterator[list[Any]]:
+def all_working(tensors: Sequence[Any], row: kinds.Kind, write: bool = True) -> Iterator[list[Any]]:
     """``working`` for every tensor of a list at once."""
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(working(t, row.tensor, row.device, write)) for t in tensors]

@@ -27,10 +27,10 @@ from typing import Any
 import ray
 
 from cgraph.comm import rendezvous, teams
-from cgraph.comm.backends import Backend, backend
-from cgraph.comm.group import GroupComm, Hooks
+from cgraph.comm.communicator import Communicator
+from cgraph.comm.kinds import Kind, backend
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
-from cgraph.comm.rendezvous import GroupSpec, Membership
+from cgraph.comm.rendezvous import GroupSpec, Hooks, Membership
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -45,8 +45,8 @@ class Group:
     """This process's membership of one group or team."""
 
     name: str
-    backend: Backend
-    comm: GroupComm
+    backend: Kind
+    comm: Communicator
     store: Any = None  # the store actor (None for teams)
     parent: str | None = None
     teams: list[str] = field(default_factory=list)
@@ -73,9 +73,7 @@ def init(world_size: int, rank: int, backend_name: str, name: str, timeout_s: fl
     row = _usable_backend(backend_name)
     _check_size_and_rank(world_size, rank, name)
     with _LOCK:
-        if name in _GROUPS and _destroyed_elsewhere(_GROUPS[name]):
-            destroy(name)
-        if name in _GROUPS:
+        if _still_here(name):
             raise CollectiveGroupError(
                 f"group {name!r} is already initialized in this process (rank "
                 f"{_GROUPS[name].rank}); destroy_collective_group({name!r}) first",
@@ -124,6 +122,7 @@ def _join(store: Any, spec: GroupSpec, rank: int) -> Group:
         lambda: rendezvous.call(store, "abort_reason", timeout=5.0, group=spec.name),
     )
     row = backend(membership.spec.backend)
+    assert row.connect is not None  # backend() returns the API's rows only
     try:
         comm = row.connect(membership, hooks)
     except BaseException as exc:
@@ -177,6 +176,14 @@ def peek(name: str, fresh: bool = False) -> tuple[int, int] | None:
             return None if group is None else (group.rank, group.world_size)
         declared = _declared_rank(name)
         return None if declared is None else (declared[2], declared[1].world_size)
+
+
+def _still_here(name: str) -> bool:
+    """Whether group ``name`` is live in this process (one another rank destroyed is left
+    here first). Hold ``_LOCK``."""
+    if name in _GROUPS and _destroyed_elsewhere(_GROUPS[name]):
+        destroy(name)
+    return name in _GROUPS
 
 
 def _destroyed_elsewhere(group: Group) -> bool:
@@ -238,9 +245,7 @@ def _predefined(owner: Group, suffix: str, name: str) -> Group | None:
 def add_team(parent: Group, team: teams.Team, name: str) -> int:
     """Register ``team`` (ranks of ``parent``) as group ``name``; this rank's team rank or -1."""
     with _LOCK:
-        if name in _GROUPS and _destroyed_elsewhere(_GROUPS[name]):
-            destroy(name)
-        if name in _GROUPS:
+        if _still_here(name):
             raise CollectiveGroupError(
                 f"group {name!r} already exists in this process; pick another name for "
                 "the team or destroy the old one first", name, parent.rank)
@@ -313,7 +318,7 @@ def destroy_all() -> None:
 
 
 # --------------------------------------------------------------------------- checks
-def _usable_backend(name: str, check_here: bool = True) -> Backend:
+def _usable_backend(name: str, check_here: bool = True) -> Kind:
     row = backend(name)
     if check_here and not row.available():
         raise CollectiveGroupError(

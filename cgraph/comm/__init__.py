@@ -1,14 +1,15 @@
 """The one home of communicators: how tensors move between the ranks of a group.
 
-    communicator   the ``Communicator`` interface of a compiled graph (torch tensors, in place)
+    communicator   ``Communicator``: the one interface of a group's calls, for graphs and the API
     transport      the point-to-point protocol the algorithms run over (numpy arrays)
     types          ``ReduceOp`` and its one table (numpy ufunc, torch function, torch.distributed op)
     signatures     call signatures, compared across ranks before a collective
     algorithms     star, chain, tree, butterfly, ring, reduction server (numpy, any transport)
     teams          sub-teams of a transport (strided, 2-D, one per node)
-    group          ``GroupComm``: one rank's side of an imperative group, what every backend returns
-    backends       the imperative API's backends, one row per name
-    rendezvous     one small named store actor per collective group: membership and keys
+    kinds          every kind of group, one row each: made and opened for a graph, API backend
+    custom         a user's communicator object: checked, copied per group, initialized at compile
+    gpu_placement  which GPU a member's communicator opens on, from Ray's assignment
+    rendezvous     one small named store actor per collective group: membership, keys, a backend's hooks
     ray_store      the store's server and a torch ``Store`` whose keys live in that Ray actor
     tensor_views   working views of the caller's tensors in the kind a backend computes on
     cpu/           cgraph's own links: node meshes, sockets between nodes, the "cpu" backend

@@ -10,23 +10,39 @@ dtype), so nothing is allocated behind the caller's back.
 
     method                          result (in place)                      default below
     send(t, dst) / recv(buf, src)   buf on dst holds t                     abstract
-    allreduce(t, op)                t = op over every rank's t             star over send/recv
-    allgather(outs, t)              outs[r] = rank r's t                   star over send/recv
-    reducescatter(out, ts, op)      out = op over ranks of chunk `rank`    star over send/recv
+    allreduce(t, op, algorithm)     t = op over every rank's t             star over send/recv
+    allgather(outs, t, algorithm)   outs[r] = rank r's t                   star over send/recv
+    reducescatter(out, ts, op, a.)  out = op over ranks of chunk `rank`    star over send/recv
+    reduce(t, dst, op)              dst's t = op over every rank's t       star into dst
     broadcast(t, src)               t = src's t                            src sends to each rank
     barrier()                       returns once every rank called it      allreduce of one element
     synchronize()                   queued work (a GPU stream) is done     no-op (CPU: calls block)
+    split(team)                     the communicator of a team of ranks    refused (no teams)
+    nodes                           each rank's node (machine)             all on one node
     recv_view(shape, dtype, src)    (optional) a tensor viewing the        absent: recv into a buffer
                                     message where it arrived, and a lease
+
+``algorithm`` is "auto" (the communicator's own choice) or a name the communicator
+offers (cgraph's ``comm.algorithms``, "native" for a process group's own); the star
+defaults offer none. A compiled graph passes it only when a DAG node names one, so a
+user communicator whose collectives take no ``algorithm`` still runs every node that
+leaves it "auto".
 
 ``stream`` is the ``torch.cuda.Stream`` a GPU communicator enqueues on (its
 calls return before the data has moved; ``synchronize`` waits) and ``None`` on
 the CPU, where every call blocks until its part is done. ``device`` is where
 ``recv`` buffers are allocated.
 
-Implementations: ``CpuCommunicator`` (shared-memory links, cgraph's collective
-algorithms), ``NcclCommunicator`` (torch.distributed's ProcessGroupNCCL),
-``CudaIpcCommunicator`` (actors sharing one GPU). A user-supplied communicator
+This is the one interface for a group of ranks: compiled graphs run their edges and
+collective nodes through it, and the imperative API (``cgraph.collective``) its
+groups. Implementations: for graphs ``CpuCommunicator`` (shared-memory links,
+cgraph's collective algorithms), ``ProcessGroupCommunicator`` (torch.distributed's
+gloo or NCCL), ``CudaIpcCommunicator`` (actors sharing one GPU); for the API each
+backend's (``comm.kinds``): ``CpuComm`` (cgraph's algorithms over links that span
+nodes, with teams and "auto"; it takes numpy arrays as well as CPU tensors, which is
+what the API hands it) and ``TorchComm`` (a process group per team). Below every
+algorithm sits the other interface, ``comm.transport.Transport``: point-to-point
+messages of numpy arrays, not a group's calls. A user-supplied communicator
 subclasses ``Communicator``: it must implement ``initialize``, ``rank``,
 ``world_size``, ``send`` and ``recv``; the collectives have the star defaults
 below (correct with rendezvous point-to-point, slow for big groups), which it
@@ -46,13 +62,15 @@ cgraph allocates a buffer and calls ``recv``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from cgraph.comm.types import TORCH_FN, ReduceOp
 
 if TYPE_CHECKING:
     import torch
+
+    from cgraph.comm.teams import Team
 
 REQUIRED = ("initialize", "send", "recv", "allreduce", "allgather", "reducescatter",
             "broadcast", "barrier", "synchronize", "destroy")
@@ -152,8 +170,14 @@ class Communicator(ABC):
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         """Fill ``tensor`` (shape and dtype agreed with the sender) from rank ``src``."""
 
-    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
+    @property
+    def nodes(self) -> tuple[Hashable, ...]:
+        """The node (machine) of every rank, by rank; all on one node unless overridden."""
+        return (0,) * self.world_size
+
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         """Reduce ``tensor`` across ranks in place; rank 0 reduces in rank order."""
+        only_auto(self, "allreduce", algorithm)
         op = as_reduce_op(op)
         if self.rank != 0:
             self.send(tensor, 0)
@@ -166,8 +190,9 @@ class Communicator(ABC):
         for dst in range(1, self.world_size):
             self.send(tensor, dst)
 
-    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor, algorithm: str = "auto") -> None:
         """``out[r]`` = rank r's ``tensor`` on every rank (``out`` has ``world_size`` buffers)."""
+        only_auto(self, "allgather", algorithm)
         _check_parts(out, self.world_size, "allgather")
         out[self.rank].copy_(tensor)
         if self.rank != 0:
@@ -182,13 +207,15 @@ class Communicator(ABC):
                 self.send(part, dst)
 
     def reducescatter(
-        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM
+        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM,
+        algorithm: str = "auto",
     ) -> None:
         """``out`` = op over ranks of their chunk number ``rank``.
 
         ``tensors`` is ``world_size`` tensors shaped like ``out``, or one tensor
         of ``world_size * out.numel()`` elements cut into equal chunks.
         """
+        only_auto(self, "reducescatter", algorithm)
         op = as_reduce_op(op)
         parts = split_chunks(out, tensors, self.world_size)
         if self.rank != 0:
@@ -205,6 +232,18 @@ class Communicator(ABC):
         for dst in range(1, self.world_size):
             self.send(acc[dst], dst)
         out.copy_(acc[0])
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        """Reduce every rank's ``tensor`` into rank ``dst``'s, in place; the others' stay as they were."""
+        op = as_reduce_op(op)
+        if self.rank != dst:
+            self.send(tensor, dst)
+            return
+        incoming = tensor.new_empty(tensor.shape)
+        for src in range(self.world_size):
+            if src != dst:
+                self.recv(incoming, src)
+                reduce_into(op, tensor, incoming)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         """Copy rank ``src``'s ``tensor`` into every rank's ``tensor``."""
@@ -224,6 +263,14 @@ class Communicator(ABC):
 
     def synchronize(self) -> None:  # noqa: B027 - optional hook
         """Block until the work this communicator queued is done (no-op when calls block)."""
+
+    def split(self, team: Team) -> Communicator:
+        """The communicator of ``team`` (ranks of this one), over this one's links.
+
+        Raises:
+            NotImplementedError: this communicator has no teams (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot split into teams")
 
     def abort(self) -> None:  # noqa: B027 - optional hook
         """Make calls blocked in other threads fail (teardown, a dead peer). Idempotent."""
@@ -249,6 +296,13 @@ def split_chunks(
             f"world_size * out.numel() = {world_size} * {out.numel()}"
         )
     return [c.reshape(out.shape) for c in tensors.reshape(world_size, -1).unbind(0)]
+
+
+def only_auto(comm: Communicator, what: str, algorithm: str) -> None:
+    """Refuse an ``algorithm`` other than "auto" where ``comm`` offers none to choose."""
+    if algorithm != "auto":
+        raise ValueError(f"{type(comm).__name__} offers no {what} algorithm to choose; got "
+                         f"algorithm={algorithm!r}, use 'auto'")
 
 
 def _check_parts(parts: Any, world_size: int, what: str) -> None:

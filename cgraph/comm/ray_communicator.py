@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
+from cgraph.comm.communicator import Communicator, as_reduce_op, only_auto, split_chunks
 from cgraph.comm.types import ReduceOp
 
 if TYPE_CHECKING:
@@ -86,12 +86,14 @@ class RayCommunicator(Communicator):
         if got is not None and got is not tensor:
             tensor.copy_(got)
 
-    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
+        only_auto(self, "allreduce", algorithm)
         out = tensor.new_empty(tensor.shape)
         self.ray_comm.allreduce(tensor, out, _ray_op(as_reduce_op(op)))
         tensor.copy_(out)
 
-    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor, algorithm: str = "auto") -> None:
+        only_auto(self, "allgather", algorithm)
         flat = tensor.reshape(1, -1) if tensor.dim() == 0 else tensor
         gathered = flat.new_empty((flat.shape[0] * self.world_size, *flat.shape[1:]))
         self.ray_comm.allgather(flat, gathered)
@@ -100,9 +102,10 @@ class RayCommunicator(Communicator):
             part.copy_(chunks[self.ranks[rank]].reshape(part.shape))
 
     def reducescatter(self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor],
-                      op: ReduceOp | str = ReduceOp.SUM) -> None:
+                      op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         import torch
 
+        only_auto(self, "reducescatter", algorithm)
         parts = split_chunks(out, tensors, self.world_size)
         by_ray_rank = sorted(range(self.world_size), key=lambda rank: self.ranks[rank])
         send = torch.cat([parts[rank].reshape(1, -1) for rank in by_ray_rank])

@@ -46,6 +46,7 @@ import os
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,16 @@ class Membership:
     store: Any = None  # the store actor's handle (its keys: ray_store.RayStore, cpu.layout)
     secret: bytes = b""  # cpu: what its links between nodes prove they know
     arena: str = ""  # cpu, on the store's node: the base name of the node's shared workspace
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What a backend may ask of the group layer: this process's node, the abort channel."""
+
+    group: str
+    node: str  # this process's Ray node id
+    report_abort: Callable[[str], None]  # tell the store why this rank gives up
+    abort_reason: Callable[[], str | None]  # why another rank gave up, if it said
 
 
 @dataclass

@@ -6,6 +6,6 @@
 
 from cgraph.runtime.compiled_graph import CompiledGraph
 from cgraph.runtime.options import CompileOptions
-from cgraph.runtime.refs import CompiledFuture, CompiledRef
+from cgraph.runtime.results import CompiledFuture, CompiledRef
 
 __all__ = ["CompileOptions", "CompiledFuture", "CompiledGraph", "CompiledRef"]

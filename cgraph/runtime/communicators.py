@@ -1,20 +1,20 @@
-"""Communicator groups of a compiled graph: made on the driver, opened in the actors.
+"""A compiled graph's communicator groups, wired on the driver for its actors.
 
 The planner decided the groups (``scheduler.groups``: members, rank order, kind;
 the channel plan's text shows them as ``group nccl = cuda_ipc a,b via nccl``).
-Here the driver makes what each kind of group needs (``GROUP_KINDS``), plus one
-side channel per COMM channel (shared memory on the driver's node, a socket when
-an end lives on another node; likewise the watchers' flags), and ships each
-actor a ``CommProgram`` in ``ActorProgram.comm``; the actor opens its
-communicators on its first communicator op (``comm_ops``).
+Here the driver makes each group through its kind's row (``comm.kinds``: shm
+links, a store actor, the user's checked object), adds one side channel per COMM
+channel (shared memory on the driver's node, a socket when an end lives on another
+node; likewise the abort channels), and ships each actor a ``CommProgram`` in
+``ActorProgram.comm``; the actor opens its communicators on its first communicator
+op (``comm_ops``, through ``comm.kinds.open_group``).
 
-    kind      made on the driver                     opened in the actor          abort() does
-    cpu       one shm link per ordered rank pair     CpuCommunicator(links)       close the links
-    gloo      a key store actor (ray_store)          ProcessGroupCommunicator     abort the process group
-    nccl      a key store actor (ray_store)          ProcessGroupCommunicator     abort the process group
-    cuda_ipc  data + ack shm links                   CudaIpcCommunicator(links)   close the links
-    custom    a copy of the user's object, checked   initialized at compile       the user's abort()
-                                                     (custom_comm)
+    kind      abort() does
+    cpu       close the links
+    gloo      abort the process group
+    nccl      abort the process group
+    cuda_ipc  close the links
+    custom    the user's abort()
 
 Every group has a *control* channel that carries nothing: the driver closes it
 at teardown or after a death, a member after its communicator's fault
@@ -29,18 +29,16 @@ every rank; ``unlink()`` removes the segments and drops the stores.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cgraph.channels.shm_channel import ShmChannel
-from cgraph.comm.communicator import Communicator, missing_methods
-from cgraph.errors import CompileError
+from cgraph.comm.custom import as_cgraph, drop, initialize_custom
+from cgraph.comm.kinds import KINDS, GroupEndpoint, Made
 from cgraph.ir import Graph, Node, NodeKind, Ref, TensorHint
 from cgraph.runtime.comm_faults import BoardHandle, FaultBoard
-from cgraph.runtime.custom_comm import drop, initialize_custom, make_custom, open_custom
 from cgraph.runtime.endpoints import node_channel
-from cgraph.runtime.gpu_placement import bind_assigned_gpu
 from cgraph.runtime.options import CompileOptions
 from cgraph.scheduler.channels import ChannelKind, ChannelSpec, CommGroup
 
@@ -50,21 +48,6 @@ if TYPE_CHECKING:
 
 SIDE_BUFFER = 4096
 """First slot size of a side channel (metadata is small; a larger item grows it once)."""
-
-
-@dataclass(frozen=True)
-class GroupEndpoint:
-    """What one actor needs to open its communicator of one group (picklable)."""
-
-    name: str
-    kind: str  # a key of GROUP_KINDS
-    rank: int
-    world_size: int
-    payload: Any  # kind-specific: link ends, a rendezvous, the user's object
-    control: Any = None  # a reader handle closed to abort the group (shm: any member may; socket: the driver)
-    nodes: tuple[str, ...] = ()  # each member's Ray node ("" for the driver's), by rank
-    ready: bool = False  # a user communicator initialized at compile (``custom_comm``)
-    board: BoardHandle | None = None  # this member's end of the group's FaultBoard (one node only)
 
 
 @dataclass(frozen=True)
@@ -114,6 +97,12 @@ class CommResources:
     rendezvous_timeout_s: float | None = None
     ready: list[Any] = field(default_factory=list)  # user communicators initialized at compile
 
+    def add(self, made: Made) -> list[Any]:
+        """Keep what the driver made for one group (released at teardown); its payloads."""
+        self.channels += made.channels
+        self.keep_alive += made.keep_alive
+        return made.payloads
+
     def program_of(self, actor: str) -> CommProgram | None:
         """``ActorProgram.comm`` of ``actor`` (None if it has no communicator op)."""
         return self.programs.get(actor)
@@ -136,124 +125,6 @@ class CommResources:
         self.ready.clear()
 
 
-# --------------------------------------------------------------------------- kinds
-def _make_cpu(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    from cgraph.comm.cpu.mesh import create_links
-
-    channels, ends = create_links(tag, name, n)
-    res.channels += channels
-    return list(ends)
-
-
-def _make_ipc(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    from cgraph.comm.cuda_ipc import create_ipc_links
-
-    channels, ends = create_ipc_links(tag, name, n)
-    res.channels += channels
-    return list(ends)
-
-
-def _make_store(res: CommResources, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    from cgraph.comm.torch.process_group import StoreRendezvous
-
-    prefix, timeout = f"cgraph/{tag}/{name}", res.rendezvous_timeout_s
-    rendezvous, store = StoreRendezvous.create(prefix) if timeout is None else StoreRendezvous.create(prefix, timeout)
-    res.keep_alive.append(store)
-    return [rendezvous] * n
-
-
-def _open_cpu(g: GroupEndpoint) -> Communicator:
-    from cgraph.comm.cpu.mesh import CpuCommunicator
-
-    return CpuCommunicator(g.payload)
-
-
-def _open_ipc(g: GroupEndpoint) -> Communicator:
-    from cgraph.comm.cuda_ipc import CudaIpcCommunicator
-
-    bind_assigned_gpu()
-    return CudaIpcCommunicator(g.payload)
-
-
-def _open_nccl(g: GroupEndpoint) -> Communicator:
-    from cgraph.comm.torch.process_group import ProcessGroupCommunicator
-
-    bind_assigned_gpu()
-    return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "nccl")
-
-
-def _open_gloo(g: GroupEndpoint) -> Communicator:
-    from cgraph.comm.torch.process_group import ProcessGroupCommunicator
-
-    return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "gloo", nodes=g.nodes)
-
-
-@dataclass(frozen=True)
-class GroupKind:
-    make: Callable[[CommResources, str, str, int, Any], list[Any]]  # one payload per rank
-    open: Callable[[GroupEndpoint], Communicator]
-
-
-GROUP_KINDS: dict[str, GroupKind] = {
-    "cpu": GroupKind(_make_cpu, _open_cpu),
-    "gloo": GroupKind(_make_store, _open_gloo),
-    "nccl": GroupKind(_make_store, _open_nccl),
-    "cuda_ipc": GroupKind(_make_ipc, _open_ipc),
-    "custom": GroupKind(make_custom, open_custom),
-}
-"""Per kind of group: driver-side make, actor-side open (a test checks every kind)."""
-
-
-def open_group(endpoint: GroupEndpoint) -> Communicator:
-    """Open this actor's communicator of a group (in the actor)."""
-    return GROUP_KINDS[endpoint.kind].open(endpoint)
-
-
-# --------------------------------------------------------------------------- user objects
-def _user_object(group: CommGroup, communicators: Mapping[str, Any], handles: Mapping[str, Any]) -> Any:
-    """A "custom" group's communicator object, as cgraph runs it and checked; None otherwise."""
-    if group.kind != "custom":
-        return None
-    obj = _as_cgraph(group.transport, communicators[group.transport], group.members, handles)
-    _check_custom(group.transport, obj)
-    return obj
-
-
-def _as_cgraph(name: str, obj: Any, members: tuple[str, ...], handles: Mapping[str, Any]) -> Any:
-    """A user's communicator as cgraph runs it: a subclass of Ray's ``Communicator`` is
-    wrapped (``RayCommunicator``: its ranks read here, from the members' handles)."""
-    from ray.experimental.channel.communicator import Communicator as RayBase
-
-    if not isinstance(obj, RayBase):
-        return obj
-    from cgraph.comm.ray_communicator import RayCommunicator, ranks_of
-
-    try:
-        return RayCommunicator(obj, ranks_of(obj, [handles[m] for m in members], list(members)))
-    except ValueError as exc:
-        raise CompileError(f"communicator {name}: {exc}") from None
-
-
-def _check_custom(name: str, obj: Any) -> None:
-    missing = missing_methods(obj)
-    if missing:
-        raise CompileError(
-            f"communicator {name} ({type(obj).__name__}) lacks {', '.join(missing)}; subclass "
-            "cgraph.Communicator and implement initialize, rank, "
-            "world_size, send and recv"
-        )
-    import ray.cloudpickle as cloudpickle
-
-    try:
-        cloudpickle.dumps(obj)  # type: ignore[no-untyped-call]  # unannotated in Ray
-    except Exception as exc:  # noqa: BLE001
-        raise CompileError(
-            f"communicator {name} ({type(obj).__name__}) cannot be pickled ({type(exc).__name__}: "
-            f"{exc}); cgraph ships one copy to every member actor, so keep connections out of "
-            "__init__ and open them in initialize()"
-        ) from exc
-
-
 # --------------------------------------------------------------------------- setup
 def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: CompileOptions,
                         sockets: dict[str, Any] | None = None) -> CommResources:
@@ -271,7 +142,7 @@ def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: Co
     Raises:
         CompileError: an unknown communicator, a user communicator that lacks a
             method, cannot be pickled or raises in ``initialize`` (run here in its
-            actors, ``custom_comm``), or NCCL actors that share some GPUs.
+            actors, ``comm.custom``), or NCCL actors that share some GPUs.
     """
     graph: Graph = planned.graph
     plan = planned.plan
@@ -280,7 +151,8 @@ def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: Co
         return res
     try:
         hosts = {a.id: a.host for a in graph.actors}
-        objects = {g.name: _user_object(g, front.communicators, front.handles) for g in plan.groups}
+        objects = {g.name: as_cgraph(g.transport, front.communicators[g.transport], g.members, front.handles)
+                   if g.kind == "custom" else None for g in plan.groups}
         programs: dict[str, CommProgram] = {}
         for group in plan.groups:
             for actor, endpoint in _make_group(res, tag, group, objects[group.name], hosts).items():
@@ -308,8 +180,8 @@ def _program_of(programs: dict[str, CommProgram], actor: str) -> CommProgram:
 
 def _make_group(res: CommResources, tag: str, group: CommGroup, obj: Any,
                 hosts: Mapping[str, str]) -> dict[str, GroupEndpoint]:
-    kind, n = GROUP_KINDS[group.kind], len(group.members)
-    payloads = kind.make(res, tag, group.name, n, obj)
+    n = len(group.members)
+    payloads = res.add(KINDS[group.kind].make(tag, group.name, n, obj, res.rendezvous_timeout_s))
     controls: list[Any] = [None] * n
     boards: list[BoardHandle | None] = [None] * n
     if not any(hosts[m] for m in group.members):

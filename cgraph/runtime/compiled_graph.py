@@ -24,6 +24,9 @@ execute_async`` in one coroutine while another awaits a result):
 
 A ref dropped unread (``__del__``, from any thread) only queues its index;
 whoever holds ``_outputs.lock`` next applies it.
+
+``execute``'s arguments are checked where it is called, against how the DAG reads
+them (``InputUsage``), with Ray's sentence first.
 """
 
 from __future__ import annotations
@@ -60,12 +63,18 @@ from cgraph.errors import (
     register_compat,
     with_compat,
 )
-from cgraph.runtime.inputs import InputUsage
 from cgraph.runtime.monitor import LoopMonitor
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Recorder
-from cgraph.runtime.refs import CompiledFuture, CompiledFutureList, CompiledRef, CompiledRefList
-from cgraph.runtime.results import GraphState, Outputs, WouldBlock
+from cgraph.runtime.results import (
+    CompiledFuture,
+    CompiledFutureList,
+    CompiledRef,
+    CompiledRefList,
+    GraphState,
+    Outputs,
+    WouldBlock,
+)
 from cgraph.runtime.timeline import TIMELINE_ENV, collect, records
 
 if TYPE_CHECKING:
@@ -85,6 +94,49 @@ register_compat(ChannelLostError, ray.exceptions.RayChannelError)
 
 _LIVE: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
 _IDS = itertools.count()
+
+
+@dataclass(frozen=True)
+class InputUsage:
+    """How the DAG reads ``execute``'s arguments, to check them at the call site."""
+
+    whole: bool  # the InputNode itself is an argument somewhere
+    positions: frozenset[int]
+    keys: frozenset[str]
+
+    @functools.cached_property
+    def need(self) -> int:
+        """How many positional arguments ``execute`` takes (as Ray counts them)."""
+        return 1 if self.whole else max(self.positions, default=-1) + 1
+
+    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise ``ExecuteArgumentError`` (a ``ValueError``, with Ray's sentence first) when
+        ``execute``'s arguments do not fit how the DAG reads them."""
+        need = self.need
+        if len(args) != need:
+            raise ExecuteArgumentError(f"{_RAY} {need} positional args, got {len(args)}: {self._why()}")
+        if self.whole and kwargs:
+            raise ExecuteArgumentError(
+                f"{_RAY} {need} positional args and no keyword arguments, got "
+                f"{', '.join(sorted(kwargs))}: {self._why()}")
+        for key in sorted(self.keys):
+            if key not in kwargs:
+                raise ExecuteArgumentError(
+                    f"{_RAY} kwarg `{key}`: this graph reads inp.{key}; got keyword arguments "
+                    f"{sorted(kwargs) or 'none'}")
+
+    def _why(self) -> str:
+        if self.whole:
+            return ("this graph passes the InputNode itself to a method, so execute() takes exactly "
+                    "one positional argument (use inp[i] / inp.key to read several)")
+        if self.positions:
+            return f"this graph reads inp[{self.need - 1}]"
+        return "this graph reads no positional argument" + (
+            f" (only inp.{sorted(self.keys)[0]} and other keywords)" if self.keys else "")
+
+
+_RAY = "dag.execute() or dag.execute_async() must be called with"
+"""Ray's sentence for execute() arguments that do not fit the DAG (users search for it)."""
 
 
 @dataclass

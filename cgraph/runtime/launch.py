@@ -24,11 +24,12 @@ from cgraph.channels.opener import open_reader, open_writer
 from cgraph.channels.relay import RelayHandle
 from cgraph.channels.segments import cleanup_stale_segments
 from cgraph.channels.shm_channel import ShmHandle
+from cgraph.comm.gpu_placement import placement
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
 from cgraph.runtime.affinity import choose_cpus, pin_thread
 from cgraph.runtime.communicators import setup_communicators
-from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints
+from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints, InputUsage
 from cgraph.runtime.endpoints import (
     CopyingReader,
     FanOutWriter,
@@ -37,8 +38,6 @@ from cgraph.runtime.endpoints import (
     socket_channel,
 )
 from cgraph.runtime.executor import run_actor_loop
-from cgraph.runtime.gpu_placement import placement
-from cgraph.runtime.inputs import InputUsage
 from cgraph.runtime.monitor import LoopMonitor
 from cgraph.runtime.node_channels import NodeWatch, RemoteSegments, make_remote
 from cgraph.runtime.options import CompileOptions

@@ -33,7 +33,7 @@ from cgraph.scheduler.channels import ChannelKind, ChannelSpec, CommGroup
 
 KINDS = ("cpu", "gloo", "nccl", "cuda_ipc", "custom")
 """Every kind of group the planner gives; the runtime makes and opens each
-(``runtime.communicators.GROUP_KINDS``, a test holds the two together)."""
+(``comm.kinds.KINDS``, a layer beside this one; a test holds the two together)."""
 
 
 def plan_groups(graph: Graph, channels: Sequence[ChannelSpec], default: str | None,

@@ -16,7 +16,7 @@ import torch
 
 import cgraph.collective as col
 from cgraph.comm import algorithms
-from cgraph.comm.backends import BACKENDS
+from cgraph.comm.kinds import BACKENDS, KINDS, backend
 from cgraph.comm.tensor_views import CONVERT
 from cgraph.comm.types import ReduceOp
 from tests.ray.collective_helpers import (  # noqa: F401 - no_group_segments is an autouse fixture
@@ -288,11 +288,49 @@ def test_gloo_backend_basic_ops(members):
         assert pair == ([1.0, 1.0] if rank == 0 else [5.0, 5.0])
 
 
+def through_the_interface(name):
+    """The group's object is a ``Communicator``, called as a graph calls one: torch tensors,
+    a string op, the default algorithm, and the interface's split."""
+    from cgraph.collective import groups
+    from cgraph.comm.communicator import Communicator
+    from cgraph.comm.teams import Team
+
+    comm = groups.lookup(name).comm
+    assert isinstance(comm, Communicator), type(comm)
+    t = torch.full((3,), float(comm.rank + 1))
+    comm.allreduce(t, "sum")
+    r = torch.full((2,), float(comm.rank + 1))
+    comm.reduce(r, 0, "sum")
+    parts = [torch.zeros(2) for _ in range(comm.world_size)]
+    comm.allgather(parts, torch.full((2,), float(comm.rank)))
+    team = comm.split(Team((1, 0)))  # both ranks, in the other order
+    u = torch.full((1,), float(comm.rank))
+    team.broadcast(u, 0)  # team rank 0 is group rank 1
+    return t.tolist(), r.tolist(), [p.tolist() for p in parts], team.rank, u.tolist()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gloo"])
+def test_every_backends_group_is_a_communicator(members, backend):
+    name = fresh(f"iface-{backend}")
+    try:
+        run_all(members[:2], init(2, name, backend=backend), per_rank=lambda i: (i,))
+        results = run_all(members[:2], through_the_interface, name)
+    finally:
+        destroy_everywhere(members[:2], name)
+    for rank, (t, r, parts, team_rank, u) in enumerate(results):
+        assert t == [3.0] * 3 and parts == [[0.0, 0.0], [1.0, 1.0]]
+        assert r == ([3.0, 3.0] if rank == 0 else [2.0, 2.0])  # the others keep theirs
+        assert team_rank == 1 - rank and u == [1.0]
+
+
 # --------------------------------------------------------------------------- tables
 def test_every_backend_and_tensor_pair_has_a_row():
-    assert set(BACKENDS) == {"cpu", "gloo", "nccl"}
-    for row in BACKENDS.values():
+    assert BACKENDS == ("cpu", "gloo", "nccl")
+    for row in map(backend, BACKENDS):
         assert row.tensor in ("numpy", "torch") and callable(row.connect)
+    for graph_only in set(KINDS) - set(BACKENDS):
+        with pytest.raises(ValueError, match=f"'{graph_only}' is a compiled graph's transport only; choose one of"):
+            backend(graph_only)
     assert set(CONVERT) == {(s, t) for s in ("numpy", "torch", "cupy") for t in ("numpy", "torch")}
     assert col.nccl_available() is False or torch.cuda.is_available()
 

@@ -103,11 +103,12 @@ def _gloo_over(rendezvous_record, rank):
 
 @needs_gloo
 def test_a_compiled_graphs_nccl_rendezvous_rides_on_a_store_actor(members):
-    from cgraph.runtime.communicators import CommResources, _make_store
+    from cgraph.comm.kinds import KINDS
+    from cgraph.runtime.communicators import CommResources
 
     res = CommResources()
     before = tcp_listeners(os.getpid())
-    payloads = _make_store(res, f"t{uuid.uuid4().hex[:6]}", "nccl", 2, None)
+    payloads = res.add(KINDS["nccl"].make(f"t{uuid.uuid4().hex[:6]}", "nccl", 2, None, None))
     try:
         made = tcp_listeners(os.getpid()) - before
         assert made == set(), f"the driver opened listeners {made} for the rendezvous"

@@ -14,8 +14,8 @@ import ray
 from ray.dag import InputNode, MultiOutputNode
 
 import cgraph
+from cgraph.comm.gpu_placement import device_index
 from cgraph.runtime.communicators import CommResources
-from cgraph.runtime.gpu_placement import device_index
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

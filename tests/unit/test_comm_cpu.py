@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import threading
 import uuid
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ import torch
 from cgraph.comm.algorithms import ALGORITHMS
 from cgraph.comm.communicator import Communicator, as_reduce_op, missing_methods
 from cgraph.comm.cpu.mesh import CpuCommunicator, create_links
+from cgraph.comm.teams import Team
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import ChannelClosedError
 
@@ -62,8 +64,7 @@ def script(comm: Communicator) -> dict[str, object]:
     for op in OPS:
         for algorithm in ("ring", "tree", "butterfly"):
             t = data(r)
-            comm.algorithm = algorithm  # type: ignore[attr-defined]
-            comm.allreduce(t, op)
+            comm.allreduce(t, op, algorithm)
             out[f"allreduce-{op}-{algorithm}"] = t.tolist()
     half = data(r).to(torch.bfloat16)
     comm.allreduce(half, "sum")
@@ -196,6 +197,30 @@ def test_star_defaults_match_the_cpu_algorithms(world_size: int) -> None:
         assert not isinstance(res, BaseException), res
         star, native = res  # type: ignore[misc]
         assert star == native
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_the_interfaces_reduce_split_and_algorithm_defaults(world_size: int) -> None:
+    def fn(comm: CpuCommunicator) -> Any:
+        star = StarOnly(comm)
+        t = torch.full((4,), float(star.rank + 1))
+        star.reduce(t, world_size - 1, "sum")
+        refused = []
+        for call in (lambda: star.allreduce(torch.ones(2), "sum", "ring"), lambda: star.split(Team((0,)))):
+            try:
+                call()
+            except (ValueError, NotImplementedError) as exc:
+                refused.append(f"{type(exc).__name__}: {exc}")
+        return t.tolist(), star.nodes, refused
+
+    total = float(sum(range(1, world_size + 1)))
+    for rank, res in enumerate(run_threads(world_size, fn)):
+        assert not isinstance(res, BaseException), res
+        got, nodes, refused = res  # type: ignore[misc]
+        assert got == [total if rank == world_size - 1 else rank + 1.0] * 4  # only dst's changes
+        assert nodes == (0,) * world_size
+        assert refused == ["ValueError: StarOnly offers no allreduce algorithm to choose; got "
+                           "algorithm='ring', use 'auto'", "NotImplementedError: StarOnly cannot split into teams"]
 
 
 def test_abort_wakes_a_blocked_receive() -> None:

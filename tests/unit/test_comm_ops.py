@@ -26,9 +26,10 @@ import torch
 
 from cgraph.channels.opener import open_endpoint
 from cgraph.comm.communicator import Communicator
+from cgraph.comm.kinds import BACKENDS, KINDS
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, parse_graph
-from cgraph.runtime.communicators import GROUP_KINDS, setup_communicators
+from cgraph.runtime.communicators import setup_communicators
 from cgraph.runtime.endpoints import create_channel
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.executor import HANDLERS, after_overlapped_sends, run_actor_loop
@@ -274,8 +275,9 @@ def test_user_communicator_is_copied_initialised_and_used() -> None:
 
 
 def test_every_group_kind_has_a_row_and_groups_are_planned_per_transport() -> None:
-    assert set(GROUP_KINDS) == {"cpu", "gloo", "nccl", "cuda_ipc", "custom"}
-    assert set(GROUP_KINDS) == set(groups.KINDS), "the runtime makes every kind the planner plans"
+    assert set(KINDS) == {"cpu", "gloo", "nccl", "cuda_ipc", "custom"}
+    assert set(KINDS) == set(groups.KINDS), "comm makes and opens every kind the planner plans"
+    assert BACKENDS == ("cpu", "gloo", "nccl"), "the API's backends are the kinds with connect"
     graph = parse_graph(COLLECTIVE.format(method="allreduce"))
     planned = plan_schedule(graph, default_communicator="cpu")
     assert [str(g) for g in planned.plan.groups] == ["group cpu = cpu a,b via cpu for n3"]
@@ -324,7 +326,7 @@ def test_a_nccl_groups_first_handshake_waits_the_graphs_get_timeout(monkeypatch,
     res = setup_communicators(SimpleNamespace(handles={}, communicators={}), planned, "t",
                               CompileOptions(get_timeout=get_timeout))
     try:
-        rendezvous = GROUP_KINDS["nccl"].make(res, "t", "g", 2, None)
+        rendezvous = res.add(KINDS["nccl"].make("t", "g", 2, None, res.rendezvous_timeout_s))
     finally:
         res.close()
         res.keep_alive.clear()

@@ -174,14 +174,13 @@ def test_node_address_falls_back_to_loopback_when_ray_cannot_say(monkeypatch: py
 
 @pytest.mark.parametrize("algorithm", ["star", "chain", "tree", "butterfly", "ring", "reduction_server"])
 def test_cgraphs_algorithms_run_on_the_gloo_communicator(algorithm: str) -> None:
-    """As on the CPU mesh, the ``algorithm`` attribute picks one of cgraph's (a DAG node's option)."""
+    """As on the CPU mesh, the ``algorithm`` argument picks one of cgraph's (a DAG node's option)."""
 
     def work(c: ProcessGroupCommunicator) -> Any:
-        c.algorithm = algorithm
         t = torch.arange(10, dtype=torch.float32) * (c.rank + 1)
-        c.allreduce(t, "sum")
+        c.allreduce(t, "sum", algorithm)
         b = torch.full((3,), float(c.rank + 1), dtype=torch.bfloat16)  # no numpy dtype: via float32
-        c.allreduce(b, "max")
+        c.allreduce(b, "max", algorithm)
         return t.tolist(), b.float().tolist()
 
     for got, b in ranks(3, work):
@@ -190,9 +189,8 @@ def test_cgraphs_algorithms_run_on_the_gloo_communicator(algorithm: str) -> None
 
 def test_the_reduction_server_follows_the_members_nodes() -> None:
     def work(c: ProcessGroupCommunicator) -> Any:
-        c.algorithm = "reduction_server"
         t = torch.full((12,), float(c.rank))
-        c.allreduce(t, "sum")
+        c.allreduce(t, "sum", "reduction_server")
         transport = c._transport
         assert transport is not None
         return t.tolist(), [transport.node_of(r) for r in range(c.world_size)]

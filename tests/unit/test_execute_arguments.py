@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from cgraph.errors import ExecuteArgumentError
-from cgraph.runtime.inputs import InputUsage
+from cgraph.runtime.compiled_graph import InputUsage
 
 RAY = "dag.execute() or dag.execute_async() must be called with"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from cgraph.comm.gpu_placement import device_index
 from cgraph.errors import CompileError
-from cgraph.runtime.gpu_placement import device_index
 from cgraph.scheduler.groups import gpu_kind
 
 

@@ -134,4 +134,23 @@ def test_no_two_files_import_each_other() -> None:
 
 def test_the_file_walk_sees_function_local_imports() -> None:
     assert "cgraph.dag.adapter_collective" in file_edges()["cgraph.collective.dag_ops"]  # inside _bind
-    assert "cgraph.runtime.compiled_graph" not in file_edges()["cgraph.runtime.refs"]  # a Protocol now
+    assert "cgraph.runtime.compiled_graph" not in file_edges()["cgraph.runtime.results"]  # a Protocol now
+
+
+def test_the_design_notes_map_lists_every_module_and_no_other() -> None:
+    """docs/design-notes.md's "Where things live" names each module under its package's
+    heading: a module added, moved or merged away must be moved in the map too."""
+    import re
+
+    notes = (PACKAGE.parent / "docs" / "design-notes.md").read_text()
+    section = notes.split("## Where things live", 1)[1].split("\n### ", 1)[0]
+    listed, package = set(), None
+    for line in section.splitlines():
+        heading = re.fullmatch(r"\*\*`(cgraph/[\w/]*)`\*\*", line.strip())
+        if heading:
+            package = heading.group(1)
+        elif package and (item := re.match(r"- `(\w+\.py)`:", line)):
+            listed.add(package + item.group(1))
+    tree = {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")}
+    assert listed - tree == set(), "the map names modules that are gone"
+    assert tree - listed == set(), "modules missing from the map"

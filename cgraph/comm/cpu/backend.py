@@ -15,8 +15,9 @@ Any error inside a call (a mismatch, a timeout, a closed link) aborts the
 mesh: this rank tells the store why, then closes its links, which wakes the
 peers blocked on them; they fail too, quoting the reason. A group stays
 unusable after that (as an NCCL communicator after an error): destroy it and
-create it again. Calls take writeable C-contiguous numpy arrays (the API
-converts torch and cupy tensors).
+create it again. ``CpuComm`` is a ``Communicator``: its calls take writeable
+C-contiguous numpy arrays (what the API hands it, converting torch and cupy
+tensors) or CPU torch tensors (viewed as numpy arrays).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cgraph.comm import algorithms
+from cgraph.comm.communicator import Communicator, as_reduce_op
 from cgraph.comm.cpu import layout
 from cgraph.comm.cpu.framed import FramedTransport
 from cgraph.comm.cpu.layout import Links
-from cgraph.comm.group import Hooks
 from cgraph.comm.teams import Team, TeamTransport
 from cgraph.comm.tensor_views import dtype_name
 from cgraph.comm.transport import Transport, describe_layout, node_layout
@@ -40,7 +41,7 @@ from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
 if TYPE_CHECKING:
-    from cgraph.comm.rendezvous import Membership
+    from cgraph.comm.rendezvous import Hooks, Membership
 
 
 class _Mesh:
@@ -98,13 +99,13 @@ class _Mesh:
         return f". This is {describe_layout(nodes, rank)}" if len(set(nodes)) > 1 else ""
 
 
-class CpuComm(TunedComm):
-    """One rank's side of a cpu group or team (the backend's ``GroupComm``)."""
+class CpuComm(TunedComm, Communicator):
+    """One rank's side of a cpu group or team (the backend's ``Communicator``)."""
 
     def __init__(self, mesh: _Mesh, transport: Transport | None, context: str, rank: int,
                  world_size: int) -> None:
         self._mesh, self._team_t, self._context = mesh, transport, context
-        self.rank, self.world_size = rank, world_size
+        self._rank, self._size = rank, world_size
         self._tuner: Tuner | None = None  # "auto"'s state, made on first use (``tuner``)
 
     @property
@@ -113,13 +114,22 @@ class CpuComm(TunedComm):
         return self._mesh.links if self._team_t is None else self._team_t
 
     @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    @property
     def nodes(self) -> tuple[Hashable, ...]:
         """The Ray node of every rank (waits, on first use, until every rank has joined)."""
         with self._call("settling the node layout"):
             return node_layout(self._t)
 
     # ------------------------------------------------------------------ calls
-    def allreduce(self, arr: np.ndarray, op: ReduceOp, algorithm: str) -> None:
+    def allreduce(self, arr: Any, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
+        arr, op = _host(arr), as_reduce_op(op)
         if algorithm == "auto":
             arm = self.tuner.arm(arr.nbytes)
             if arm is not None and arm.due():
@@ -137,15 +147,18 @@ class CpuComm(TunedComm):
         with self._call(f"allreduce {_desc(arr)} {op.value} {name}"):
             algorithms.allreduce(self._t, arr, op, name, **options)
 
-    def reduce(self, arr: np.ndarray, dst: int, op: ReduceOp) -> None:
+    def reduce(self, arr: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        arr, op = _host(arr), as_reduce_op(op)
         with self._call(f"reduce {_desc(arr)} {op.value} to {dst}"):
             algorithms.reduce(self._t, arr, op, root=dst)
 
-    def broadcast(self, arr: np.ndarray, src: int) -> None:
+    def broadcast(self, arr: Any, src: int) -> None:
+        arr = _host(arr)
         with self._call(f"broadcast {_desc(arr)} from {src}"):
             algorithms.broadcast(self._t, arr, root=src)
 
-    def allgather(self, outs: Sequence[np.ndarray], arr: np.ndarray, algorithm: str = "auto") -> None:
+    def allgather(self, outs: Sequence[Any], arr: Any, algorithm: str = "auto") -> None:
+        arr, outs = _host(arr), [_host(out) for out in outs]
         n, p = arr.size, self.world_size
         name = self._gather_scatter("allgather", algorithm)
         whole = np.empty(n * p, dtype=arr.dtype)
@@ -155,8 +168,11 @@ class CpuComm(TunedComm):
         for r, out in enumerate(outs):
             out.reshape(-1)[:] = whole[r * n : (r + 1) * n]
 
-    def reducescatter(self, out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp,
+    def reducescatter(self, out: Any, parts: Any, op: ReduceOp | str = ReduceOp.SUM,
                       algorithm: str = "auto") -> None:
+        if not isinstance(parts, (list, tuple)):  # one array of world_size chunks
+            parts = np.split(_host(parts).reshape(-1), self.world_size)
+        out, parts, op = _host(out), [_host(part) for part in parts], as_reduce_op(op)
         name = self._gather_scatter("reducescatter", algorithm)
         whole = np.concatenate([part.reshape(-1) for part in parts]).astype(out.dtype, copy=False)
         with self._call(f"reducescatter {_desc(out)} {op.value} {name}"):
@@ -179,11 +195,13 @@ class CpuComm(TunedComm):
                              f"{sorted(table)}")
         return algorithm
 
-    def send(self, arr: np.ndarray, dst: int) -> None:
+    def send(self, arr: Any, dst: int) -> None:
+        arr = _host(arr)
         with self._call(f"p2p {_desc(arr)}"):
             self._t.send(arr.reshape(-1), dst)
 
-    def recv(self, arr: np.ndarray, src: int) -> None:
+    def recv(self, arr: Any, src: int) -> None:
+        arr = _host(arr)
         with self._call(f"p2p {_desc(arr)}"):
             self._t.recv(arr.reshape(-1), src)
 
@@ -258,6 +276,16 @@ def connect(membership: Membership, hooks: Hooks) -> CpuComm:
     layout.announce(membership, hooks.node)
     mesh = _Mesh(lambda: layout.settle(membership, hooks.node), hooks)
     return CpuComm(mesh, None, spec.name, membership.rank, spec.world_size)
+
+
+def _host(arr: Any) -> np.ndarray:
+    """``arr`` itself (a numpy array), or a numpy view of a CPU torch tensor."""
+    if isinstance(arr, np.ndarray):
+        return arr
+    if getattr(arr, "device", None) is not None and arr.device.type != "cpu":
+        raise TypeError(f"the cpu backend takes host memory; got a tensor on {arr.device}")
+    view: np.ndarray = arr.detach().numpy()
+    return view
 
 
 def _desc(arr: np.ndarray) -> str:

@@ -211,8 +211,8 @@ class CpuCommunicator(Communicator):
 
     Args:
         ends: this rank's link ends, from ``create_links`` on the driver.
-        algorithm: the allreduce algorithm (a name of ``cgraph.comm.algorithms.ALGORITHMS``);
-            the ``algorithm`` attribute may be changed between calls (on every rank alike).
+        algorithm: what an allreduce's "auto" runs (a name of ``cgraph.comm.algorithms.ALGORITHMS``);
+            a call may name another (on every rank alike).
     """
 
     def __init__(self, ends: LinkEnds, algorithm: str = "ring") -> None:
@@ -258,11 +258,19 @@ class CpuCommunicator(Communicator):
             lease.release()
             raise
 
-    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
-        with NumpyView(tensor) as flat:
-            algorithms.allreduce(self._transport, flat, as_reduce_op(op), self.algorithm)
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return (0,) * self.world_size  # one host
 
-    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
+        name = self.algorithm if algorithm == "auto" else algorithm
+        if name not in algorithms.ALGORITHMS:
+            raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose 'auto' or one of "
+                             f"{sorted(algorithms.ALGORITHMS)}")
+        with NumpyView(tensor) as flat:
+            algorithms.allreduce(self._transport, flat, as_reduce_op(op), name)
+
+    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor, algorithm: str = "auto") -> None:
         import torch
 
         n, p = tensor.numel(), self.world_size
@@ -271,19 +279,20 @@ class CpuCommunicator(Communicator):
         whole = torch.empty(p * n, dtype=tensor.dtype)
         whole[self.rank * n : (self.rank + 1) * n] = tensor.detach().reshape(-1).cpu()
         with NumpyView(whole) as flat:
-            algorithms.allgather(self._transport, flat)
+            algorithms.allgather(self._transport, flat, algorithm=_one_node(algorithm))
         for r, part in enumerate(out):
             part.copy_(whole[r * n : (r + 1) * n].reshape(part.shape))
 
     def reducescatter(
-        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM
+        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM,
+        algorithm: str = "auto",
     ) -> None:
         import torch
 
         p = self.world_size
         whole = torch.cat([c.detach().reshape(-1).cpu() for c in split_chunks(out, tensors, p)])
         with NumpyView(whole) as flat:
-            mine = algorithms.reducescatter(self._transport, flat, as_reduce_op(op))
+            mine = algorithms.reducescatter(self._transport, flat, as_reduce_op(op), algorithm=_one_node(algorithm))
             result = torch.from_numpy(mine.copy())
         out.copy_(result.reshape(out.shape).to(out.dtype))
 
@@ -362,3 +371,9 @@ def _numpy_dtypes() -> frozenset[Any]:
         torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
         torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
     })
+
+
+def _one_node(algorithm: str) -> str:
+    """A reducescatter's or allgather's algorithm on one host: "auto" is the ring (the
+    hierarchical one is the ring itself there)."""
+    return "ring" if algorithm == "auto" else algorithm

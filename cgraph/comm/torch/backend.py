@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from cgraph.comm import algorithms, signatures
-from cgraph.comm.group import Hooks
+from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.teams import Team
 from cgraph.comm.tensor_views import working
@@ -66,7 +66,9 @@ from cgraph.errors import (
 )
 
 if TYPE_CHECKING:
-    from cgraph.comm.rendezvous import Membership
+    import torch
+
+    from cgraph.comm.rendezvous import Hooks, Membership
 
 NATIVE = "native"
 """The ``algorithm`` that runs the backend's own allreduce, and its name among "auto"'s
@@ -84,8 +86,8 @@ ratio there holds, and each size class's trial settles close calls at its own si
 FIT_REPEATS = 2
 
 
-class TorchComm(TunedComm):
-    """One rank's side of a gloo / nccl group or team (the backend's ``GroupComm``).
+class TorchComm(TunedComm, Communicator):
+    """One rank's side of a gloo / nccl group or team (the backend's ``Communicator``).
 
     Every call first compares the ranks' signatures (``signatures``): a mismatch
     raises ``CollectiveMismatchError`` on every rank and the group stays usable.
@@ -102,14 +104,33 @@ class TorchComm(TunedComm):
         # the store stays referenced here: C++ holds the process group's, and pybind
         # loses a Python store's methods once no Python reference is left
         self.process_group, self._store = make(members, self._prefix)
-        self.rank, self.world_size = self.process_group.rank(), self.process_group.size()
-        self.nodes = nodes
+        self._rank, self._size = int(self.process_group.rank()), int(self.process_group.size())
+        self._nodes = nodes
         self._broken: str | None = None
         self._transport = ProcessGroupTransport(self.process_group, nodes, device)
         self.tuner = Tuner(self._transport, {NATIVE: self._native}, self._guard, FIT_BYTES,
                            FIT_REPEATS, _timeout_s(self.process_group))
 
-    def allreduce(self, tensor: Any, op: ReduceOp, algorithm: str) -> None:
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._size
+
+    @property
+    def nodes(self) -> tuple[Hashable, ...]:
+        return self._nodes
+
+    @property
+    def device(self) -> torch.device:
+        import torch
+
+        return torch.device(self._device)
+
+    def allreduce(self, tensor: Any, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
+        op = as_reduce_op(op)
         if algorithm not in ("auto", NATIVE, *algorithms.ALGORITHMS):
             raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
                              f"{['auto', NATIVE, *sorted(algorithms.ALGORITHMS)]}")
@@ -145,7 +166,8 @@ class TorchComm(TunedComm):
         if tensor is not host:
             host.copy_(tensor.cpu())
 
-    def reduce(self, tensor: Any, dst: int, op: ReduceOp) -> None:
+    def reduce(self, tensor: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        op = as_reduce_op(op)
         self._agree(signatures.encode("reduce", tensor, op, dst))
         # torch may use a non-root's tensor as scratch; cgraph leaves it unchanged.
         work = tensor if self.rank == dst else tensor.clone()
@@ -170,9 +192,11 @@ class TorchComm(TunedComm):
             return
         self._wait("allgather", lambda pg: start_allgather(pg, outs, tensor))
 
-    def reducescatter(self, out: Any, parts: Sequence[Any], op: ReduceOp, algorithm: str = "auto") -> None:
+    def reducescatter(self, out: Any, parts: Any, op: ReduceOp | str = ReduceOp.SUM,
+                      algorithm: str = "auto") -> None:
         import torch
 
+        op, parts = as_reduce_op(op), split_chunks(out, parts, self.world_size)
         self._agree(signatures.encode("reducescatter", out, op, _gather_code("reducescatter", algorithm)))
         if algorithm in ("auto", NATIVE):  # the backend's own
             self._wait("reducescatter", lambda pg: start_reducescatter(pg, out, parts, op))

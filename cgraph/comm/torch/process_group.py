@@ -209,8 +209,6 @@ class ProcessGroupCommunicator(Communicator):
                 'NCCL; on CPU actors compile with default_communicator="gloo" or "cpu"'
             )
         self.backend = backend
-        if backend == "gloo":  # cgraph's algorithms by name, as on the CPU mesh (not on NCCL's stream)
-            self.algorithm = "native"
         self._cuda = _Cuda() if backend == "nccl" else None
         self._device = self._cuda.device if self._cuda else torch.device("cpu")
         # referenced here as long as the process group: C++ holds only its own reference,
@@ -245,10 +243,19 @@ class ProcessGroupCommunicator(Communicator):
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         self._run(lambda pg: pg.recv([tensor], src, 0))
 
-    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM) -> None:
-        name = getattr(self, "algorithm", "native")
-        if name != "native":  # one of cgraph's, over this group's send/recv (gloo)
-            self._allreduce_with(self._group(), tensor, as_reduce_op(op), name)
+    @property
+    def nodes(self) -> tuple[Hashable, ...]:
+        return self._nodes
+
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
+        """The backend's own allreduce ("auto" or "native"), or on gloo one of cgraph's
+        algorithms by name, over this group's send/recv (not on NCCL's stream)."""
+        if algorithm not in ("auto", "native"):
+            if self.backend != "gloo" or algorithm not in algorithms.ALGORITHMS:
+                raise ValueError(f"the {self.backend} communicator runs allreduce algorithm 'auto' or "
+                                 f"'native'{' or one of ' + str(sorted(algorithms.ALGORITHMS)) if self.backend == 'gloo' else ''}"
+                                 f", not {algorithm!r}")
+            self._allreduce_with(self._group(), tensor, as_reduce_op(op), algorithm)
             return
         self._run(lambda pg: start_allreduce(pg, tensor, as_reduce_op(op)))
 
@@ -258,12 +265,15 @@ class ProcessGroupCommunicator(Communicator):
         with NumpyView(tensor) as flat:
             algorithms.allreduce(self._transport, flat, op, name)
 
-    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor) -> None:
+    def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor, algorithm: str = "auto") -> None:
+        _native(self, "allgather", algorithm)
         self._run(lambda pg: start_allgather(pg, out, tensor))
 
     def reducescatter(
-        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM
+        self, out: torch.Tensor, tensors: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM,
+        algorithm: str = "auto",
     ) -> None:
+        _native(self, "reducescatter", algorithm)
         parts = split_chunks(out, tensors, self._size)
         self._run(lambda pg: start_reducescatter(pg, out, parts, as_reduce_op(op)))
 
@@ -326,6 +336,12 @@ class ProcessGroupCommunicator(Communicator):
 
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 """What gloo says when the other end of a pair went away."""
+
+
+def _native(comm: ProcessGroupCommunicator, what: str, algorithm: str) -> None:
+    if algorithm not in ("auto", "native"):
+        raise ValueError(f"the {comm.backend} communicator runs {what} algorithm 'auto' or 'native', "
+                         f"not {algorithm!r}")
 
 
 class NcclCommunicator(ProcessGroupCommunicator):

@@ -2,13 +2,14 @@
 their actors, so a failing ``initialize`` is a compile error, not the first execution's.
 
     driver (setup_communicators)                     each member actor of a custom group
-    make_custom: a copy of the object per group
+    as_cgraph, checked: methods, pickling
+    copy_for_group: a copy of the object per group
     initialize_custom ── __ray_call__(_initialize) ─► comm.initialize(rank, n, group name)
       (every member at once: they meet each other)     kept in READY[(group name, rank)]
     ray.wait: the first error, or 60 s ─► CompileError (every member's copy dropped)
                                                      first communicator op of the loop:
                                                      open_custom ─► the same object
-    teardown: CommResources.unlink ─► _drop ─────────► destroy() what no loop took (never ran)
+    teardown: CommResources.unlink ─► drop ─────────► destroy() what no loop took (never ran)
 
 This is what Ray Compiled Graphs does for its communicators (initialized through
 ``__ray_call__`` at compile), so ``initialize`` runs on the actor's default
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from cgraph.comm.communicator import missing_methods
 from cgraph.errors import ChannelClosedError, CompileError
 
 INIT_TIMEOUT_S = 60.0
@@ -91,17 +93,58 @@ def drop(made: list[tuple[Any, tuple[str, int]]]) -> None:
             handle.__ray_call__.remote(_drop, key)
 
 
-def make_custom(res: Any, tag: str, name: str, n: int, obj: Any) -> list[Any]:
-    """``GroupKind.make``: every rank's payload, a copy of ``obj`` for this group alone (an
-    actor in two groups of one object, an edge's and a collective's, would otherwise
-    unpickle one object for both and initialize it twice)."""
+def copy_for_group(obj: Any, n: int) -> list[Any]:
+    """Every rank's payload: a copy of ``obj`` for this group alone (an actor in two groups
+    of one object, an edge's and a collective's, would otherwise unpickle one object for
+    both and initialize it twice)."""
     import ray.cloudpickle as cloudpickle
 
     return [cloudpickle.loads(cloudpickle.dumps(obj))] * n  # type: ignore[no-untyped-call]  # unannotated in Ray
 
 
+def as_cgraph(name: str, obj: Any, members: tuple[str, ...], handles: Mapping[str, Any]) -> Any:
+    """A user's communicator as cgraph runs it, checked: a subclass of Ray's ``Communicator``
+    is wrapped (``RayCommunicator``: its ranks read here, from the members' handles).
+
+    Raises:
+        CompileError: Ray's ranks do not fit the members, a method is missing, or the
+            object cannot be pickled.
+    """
+    from ray.experimental.channel.communicator import Communicator as RayBase
+
+    if isinstance(obj, RayBase):
+        from cgraph.comm.ray_communicator import RayCommunicator, ranks_of
+
+        try:
+            obj = RayCommunicator(obj, ranks_of(obj, [handles[m] for m in members], list(members)))
+        except ValueError as exc:
+            raise CompileError(f"communicator {name}: {exc}") from None
+    _check(name, obj)
+    return obj
+
+
+def _check(name: str, obj: Any) -> None:
+    missing = missing_methods(obj)
+    if missing:
+        raise CompileError(
+            f"communicator {name} ({type(obj).__name__}) lacks {', '.join(missing)}; subclass "
+            "cgraph.Communicator and implement initialize, rank, "
+            "world_size, send and recv"
+        )
+    import ray.cloudpickle as cloudpickle
+
+    try:
+        cloudpickle.dumps(obj)  # type: ignore[no-untyped-call]  # unannotated in Ray
+    except Exception as exc:  # noqa: BLE001
+        raise CompileError(
+            f"communicator {name} ({type(obj).__name__}) cannot be pickled ({type(exc).__name__}: "
+            f"{exc}); cgraph ships one copy to every member actor, so keep connections out of "
+            "__init__ and open them in initialize()"
+        ) from exc
+
+
 def open_custom(group: Any) -> Any:
-    """``GroupKind.open``: this actor's communicator of ``group``, initialized at compile
+    """``Kind.open`` of "custom": this actor's communicator of ``group``, initialized at compile
     (without Ray handles, in-process tests, it is initialized here).
 
     Raises:
