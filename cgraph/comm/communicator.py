@@ -19,6 +19,7 @@ dtype), so nothing is allocated behind the caller's back.
     synchronize()                   queued work (a GPU stream) is done     no-op (CPU: calls block)
     split(team)                     the communicator of a team of ranks    refused (no teams)
     nodes                           each rank's node (machine)             all on one node
+    algorithms                      the names ``algorithm`` may take       none (only "auto")
     recv_view(shape, dtype, src)    (optional) a tensor viewing the        absent: recv into a buffer
                                     message where it arrived, and a lease
 
@@ -174,6 +175,11 @@ class Communicator(ABC):
     def nodes(self) -> tuple[Hashable, ...]:
         """The node (machine) of every rank, by rank; all on one node unless overridden."""
         return (0,) * self.world_size
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """The names a collective's ``algorithm`` may take besides "auto" (none by default)."""
+        return ()
 
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         """Reduce ``tensor`` across ranks in place; rank 0 reduces in rank order."""

@@ -809,9 +809,11 @@ def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str |
         return value.message
     if endpoint.method not in COLLECTIVES:
         return f"collective {endpoint.node}: unknown collective {endpoint.method!r}; use one of {sorted(COLLECTIVES)}"
-    if endpoint.algorithm != "auto" and not hasattr(comm, "algorithm"):
-        return (f"collective {endpoint.node} ({endpoint.method}): algorithm={endpoint.algorithm!r} needs the CPU "
-                f"communicator or gloo, but this group runs on {type(comm).__name__}; use algorithm=\"auto\"")
+    offered = tuple(getattr(comm, "algorithms", ()))
+    if endpoint.algorithm != "auto" and endpoint.algorithm not in offered:
+        return (f"collective {endpoint.node} ({endpoint.method}): this group's communicator "
+                f"({type(comm).__name__}) offers algorithm 'auto'{' or one of ' + str(list(offered)) if offered else ' only'}, "
+                f"not {endpoint.algorithm!r}; the CPU communicator and gloo run cgraph's algorithms by name")
     if not isinstance(value, torch.Tensor):
         return f"collective {endpoint.node} takes one torch.Tensor per member, got {type(value).__name__}"
     if endpoint.op == "avg" and endpoint.method != "allgather" and not (value.is_floating_point() or value.is_complex()):

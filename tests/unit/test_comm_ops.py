@@ -86,8 +86,8 @@ class Harness:
     """A compiled graph whose actors are threads of this process."""
 
     def __init__(self, text: str, *, overlap: bool = False, communicators: dict[str, Any] | None = None,
-                 default: str | None = "cpu") -> None:
-        graph = parse_graph(text)
+                 default: str | None = "cpu", constants: tuple[Any, ...] = ()) -> None:
+        graph = parse_graph(text, constants)
         self.planned = plan_schedule(graph, overlap=overlap, default_communicator=default)
         tag = uuid.uuid4().hex[:8]
         options = CompileOptions(max_inflight_executions=4, default_communicator=default)
@@ -235,6 +235,30 @@ def test_collectives_and_an_error_on_one_member(method: str, member_a: list[floa
     assert isinstance(bad[1], ErrorValue)  # the failing member's error, on every member
     assert (bad[1].message, bad[1].method) == ("ValueError: negative -1", "fail_if")
     assert [v.tolist() for v in again] == [member_a, member_b]  # the graph keeps working
+
+
+NAMED = """
+actor a = W(gpus=0)
+actor b = W(gpus=0)
+n0 = input
+n1 = a.pos(n0)
+n2 = b.pos(n0)
+n3 = allreduce(n1, n2, algorithm=$0)
+n4 = n3[0]
+n5 = n3[1]
+return [n4, n5]
+"""
+
+
+def test_a_named_algorithm_runs_where_the_communicator_offers_it_and_fails_the_call_elsewhere() -> None:
+    with Harness(NAMED, constants=("tree",)) as h:  # the CPU communicator offers cgraph's
+        (ok,) = h.run(3)
+    assert [v.tolist() for v in ok] == [[6.0, 6.0], [6.0, 6.0]]
+    with Harness(NAMED.replace("$0)", "$0) :custom:Board"), constants=("tree",),
+                 communicators={"custom:Board": BoardCommunicator()}, default=None) as h:
+        refused, = h.run(3)
+    assert all(isinstance(v, ErrorValue) for v in refused)  # on every member, and the graph goes on
+    assert "(BoardCommunicator) offers algorithm 'auto' only, not 'tree'" in refused[0].message
 
 
 class BoardCommunicator(Communicator):

@@ -127,6 +127,10 @@ class CpuComm(TunedComm, Communicator):
         with self._call("settling the node layout"):
             return node_layout(self._t)
 
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return tuple(sorted(algorithms.ALGORITHMS))
+
     # ------------------------------------------------------------------ calls
     def allreduce(self, arr: Any, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         arr, op = _host(arr), as_reduce_op(op)

@@ -262,6 +262,10 @@ class CpuCommunicator(Communicator):
     def nodes(self) -> tuple[int, ...]:
         return (0,) * self.world_size  # one host
 
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return tuple(sorted(algorithms.ALGORITHMS))
+
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         name = self.algorithm if algorithm == "auto" else algorithm
         if name not in algorithms.ALGORITHMS:

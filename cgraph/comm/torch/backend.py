@@ -129,6 +129,10 @@ class TorchComm(TunedComm, Communicator):
 
         return torch.device(self._device)
 
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return (NATIVE, *sorted(algorithms.ALGORITHMS))
+
     def allreduce(self, tensor: Any, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         op = as_reduce_op(op)
         if algorithm not in ("auto", NATIVE, *algorithms.ALGORITHMS):

@@ -247,14 +247,18 @@ class ProcessGroupCommunicator(Communicator):
     def nodes(self) -> tuple[Hashable, ...]:
         return self._nodes
 
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """"native" (the backend's own); on gloo also cgraph's, over its send/recv."""
+        return ("native", *sorted(algorithms.ALGORITHMS)) if self.backend == "gloo" else ("native",)
+
     def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         """The backend's own allreduce ("auto" or "native"), or on gloo one of cgraph's
         algorithms by name, over this group's send/recv (not on NCCL's stream)."""
         if algorithm not in ("auto", "native"):
-            if self.backend != "gloo" or algorithm not in algorithms.ALGORITHMS:
-                raise ValueError(f"the {self.backend} communicator runs allreduce algorithm 'auto' or "
-                                 f"'native'{' or one of ' + str(sorted(algorithms.ALGORITHMS)) if self.backend == 'gloo' else ''}"
-                                 f", not {algorithm!r}")
+            if algorithm not in self.algorithms:
+                raise ValueError(f"the {self.backend} communicator runs allreduce algorithm 'auto' or one "
+                                 f"of {list(self.algorithms)}, not {algorithm!r}")
             self._allreduce_with(self._group(), tensor, as_reduce_op(op), algorithm)
             return
         self._run(lambda pg: start_allreduce(pg, tensor, as_reduce_op(op)))
