@@ -22,3 +22,92 @@ def no_leaks(ray_session):
     yield
     leaked = sorted(set(cgraph_segments()) - before)
     assert not leaked, f"leaked shared-memory segments: {leaked}"
+
+
+# --------------------------------------------------------------------------- shared actors
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    """Keep each phase's report on the item (``item.rep_call``), for fixtures that ask how
+    the test went."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+def _reinit(instance, args, kwargs):  # type: ignore[no-untyped-def]
+    """In the actor: the state of a new one (attributes dropped, ``__init__`` run again)."""
+    instance.__dict__.clear()
+    instance.__init__(*args, **kwargs)
+
+
+class ActorPool:
+    """Started actors shared by the tests of a session.
+
+    A Ray actor is a worker process that imports Ray (and cgraph on its first graph): about
+    a second of CPU on these 2-core machines, where the Ray tests start hundreds. A test
+    takes actors of a class and arguments (``take``): idle ones come back with a new
+    one's state (``__init__`` run again on emptied attributes), the rest are started. After
+    the test (``settle``) an actor returns to the pool only if the test passed, it is alive
+    and answers within a few seconds (not stuck in a method), and no compiled graph is live
+    on it; any other is killed, as a fresh actor per test would be.
+    """
+
+    READY_S = 10.0
+    """How long an actor given back may take to answer before it is killed instead."""
+
+    def __init__(self) -> None:
+        self.idle: dict[tuple[object, ...], list[object]] = {}
+        self.lent: list[tuple[tuple[object, ...], object]] = []
+
+    def take(self, cls, n, *args, **kwargs):  # type: ignore[no-untyped-def]
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        idle = self.idle.setdefault(key, [])
+        got = [idle.pop() for _ in range(min(n, len(idle)))]
+        renewed = [actor.__ray_call__.remote(_reinit, args, kwargs) for actor in got]
+        got += [cls.remote(*args, **kwargs) for _ in range(n - len(got))]
+        ray.get(renewed, timeout=60)
+        self.lent += [(key, actor) for actor in got]
+        return got
+
+    def settle(self, passed: bool) -> None:
+        from cgraph.runtime import launch
+
+        lent, self.lent = self.lent, []
+        idle = [(key, actor) for key, actor in lent
+                if passed and actor._actor_id.hex() not in launch._ACTORS_IN_USE]
+        pings = [actor.__ray_ready__.remote() for _, actor in idle]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=self.READY_S)
+        kept = set()
+        for (key, actor), ping in zip(idle, pings, strict=True):
+            if ping in ready:
+                try:
+                    ray.get(ping)
+                except ray.exceptions.RayError:
+                    continue  # killed by the test
+                self.idle[key].append(actor)
+                kept.add(id(actor))
+        for _, actor in lent:
+            if id(actor) not in kept:
+                ray.kill(actor)
+
+    def close(self) -> None:
+        for actors in self.idle.values():
+            for actor in actors:
+                ray.kill(actor)
+        self.idle.clear()
+
+
+@pytest.fixture(scope="session")
+def actor_pool(ray_session):  # type: ignore[no-untyped-def]
+    pool = ActorPool()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def actors(actor_pool, request):  # type: ignore[no-untyped-def]
+    """``actors(cls, n, *args, **kwargs)``: n actors of ``cls`` made with those arguments, as
+    if new (``ActorPool``); shared by the session's tests."""
+    yield actor_pool.take
+    report = getattr(request.node, "rep_call", None)
+    actor_pool.settle(report is not None and report.passed)

@@ -17,11 +17,8 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 @pytest.fixture
-def pair(ray_session):
-    a, b = Worker.remote("a"), Worker.remote("b")
-    yield a, b
-    for actor in (a, b):
-        ray.kill(actor)
+def pair(actors):
+    return actors(Worker, 1, "a")[0], actors(Worker, 1, "b")[0]
 
 
 def test_experimental_compile_with_cgraph_input_node(pair):

@@ -14,17 +14,9 @@ pytestmark = pytest.mark.usefixtures("no_leaks")
 
 
 @pytest.fixture
-def workers(ray_session):
-    made = []
-
-    def make(n, prefix="w"):
-        actors = [Worker.remote(f"{prefix}{i}") for i in range(n)]
-        made.extend(actors)
-        return actors
-
-    yield make
-    for actor in made:
-        ray.kill(actor)
+def workers(actors):
+    """``workers(n, prefix)``: n Workers named prefix0.. (shared, as new: ``actors``)."""
+    return lambda n, prefix="w": [actors(Worker, 1, f"{prefix}{i}")[0] for i in range(n)]
 
 
 def run(dag, *inputs, **options):

@@ -14,11 +14,8 @@ from tests.ray.conftest import cgraph_segments
 
 
 @pytest.fixture
-def pair(ray_session):
-    a, b = Worker.remote("a"), Worker.remote("b")
-    yield a, b
-    for actor in (a, b):
-        ray.kill(actor)
+def pair(actors):
+    return actors(Worker, 1, "a")[0], actors(Worker, 1, "b")[0]
 
 
 def test_user_exception_becomes_task_error_and_graph_survives(pair, no_leaks):

@@ -39,11 +39,8 @@ class Maker:
 
 
 @pytest.fixture
-def makers(ray_session):
-    actors = [Maker.remote(), Maker.remote()]
-    yield actors
-    for actor in actors:
-        ray.kill(actor)
+def makers(actors):
+    return actors(Maker, 2)
 
 
 def test_local_classes_and_functions_travel_by_value(makers, no_leaks):
