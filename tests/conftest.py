@@ -20,13 +20,16 @@ def ray_session():  # type: ignore[no-untyped-def]
     (``ray.get_gpu_ids()``, ``CUDA_VISIBLE_DEVICES``), and nothing touches CUDA."""
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # Actors inherit the environment Ray starts with. A runtime_env with env_vars instead
+    # starts every worker through Ray's setup process: 1.33 s an actor against 0.68 s
+    # here (median of 12), and the Ray tests start hundreds.
+    os.environ["OMP_NUM_THREADS"] = "1"
     ray.init(
         address="local",  # never a stale cluster named in /tmp/ray/ray_current_cluster
         num_cpus=4,
         num_gpus=_cuda_devices() or LOGICAL_GPUS,
         include_dashboard=False,
         log_to_driver=True,
-        runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}},
     )
     yield ray
     ray.shutdown()
