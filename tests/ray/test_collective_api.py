@@ -18,6 +18,7 @@ import cgraph.collective as col
 from cgraph.comm import algorithms
 from cgraph.comm.kinds import BACKENDS, KINDS, backend
 from cgraph.comm.tensor_views import CONVERT
+from cgraph.comm.tuning.autotune import AUTO_SHARE
 from cgraph.comm.types import ReduceOp
 from tests.ray.collective_helpers import (  # noqa: F401 - no_group_segments is an autouse fixture
     Member,
@@ -306,7 +307,8 @@ def through_the_interface(name):
     team = comm.split(Team((1, 0)))  # both ranks, in the other order
     u = torch.full((1,), float(comm.rank))
     team.broadcast(u, 0)  # team rank 0 is group rank 1
-    return t.tolist(), r.tolist(), [p.tolist() for p in parts], team.rank, u.tolist()
+    budget = comm.tuner.budget_s  # "auto"'s first call measures within a share of the timeout
+    return t.tolist(), r.tolist(), [p.tolist() for p in parts], team.rank, u.tolist(), budget
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gloo"])
@@ -317,7 +319,8 @@ def test_every_backends_group_is_a_communicator(members, backend):
         results = run_all(members[:2], through_the_interface, name)
     finally:
         destroy_everywhere(members[:2], name)
-    for rank, (t, r, parts, team_rank, u) in enumerate(results):
+    for rank, (t, r, parts, team_rank, u, budget) in enumerate(results):
+        assert budget == pytest.approx(AUTO_SHARE * 30.0)  # the group's timeout_s, on both backends
         assert t == [3.0] * 3 and parts == [[0.0, 0.0], [1.0, 1.0]]
         assert r == ([3.0, 3.0] if rank == 0 else [2.0, 2.0])  # the others keep theirs
         assert team_rank == 1 - rank and u == [1.0]

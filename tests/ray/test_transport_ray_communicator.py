@@ -81,12 +81,9 @@ class Stage:
 
 
 @pytest.fixture
-def stages(ray_session):
-    made = [Stage.remote(k) for k in (1, 10, 100)]
-    mailbox = Mailbox.remote()
-    yield made, mailbox
-    for actor in (*made, mailbox):
-        ray.kill(actor)
+def stages(actors):
+    """Three stages (k = 1, 10, 100) and an empty mailbox, as if new (``actors``)."""
+    return [actors(Stage, 1, k)[0] for k in (1, 10, 100)], actors(Mailbox, 1)[0]
 
 
 def test_a_users_ray_communicator_carries_an_edge_in_its_own_rank_order(stages):

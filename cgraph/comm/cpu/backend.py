@@ -103,9 +103,10 @@ class CpuComm(TunedComm, Communicator):
     """One rank's side of a cpu group or team (the backend's ``Communicator``)."""
 
     def __init__(self, mesh: _Mesh, transport: Transport | None, context: str, rank: int,
-                 world_size: int) -> None:
+                 world_size: int, timeout_s: float | None = None) -> None:
         self._mesh, self._team_t, self._context = mesh, transport, context
         self._rank, self._size = rank, world_size
+        self._timeout_s = timeout_s  # the group's: "auto"'s first call measures within a share of it
         self._tuner: Tuner | None = None  # "auto"'s state, made on first use (``tuner``)
 
     @property
@@ -220,7 +221,7 @@ class CpuComm(TunedComm, Communicator):
         if self._tuner is None:
             with self._call("settling the node layout"):
                 transport = self._t
-            self._tuner = Tuner(transport, guard=self._guarded)
+            self._tuner = Tuner(transport, guard=self._guarded, timeout_s=self._timeout_s)
         return self._tuner
 
     def _guarded(self, what: str, work: Callable[[], Any]) -> Any:
@@ -233,7 +234,7 @@ class CpuComm(TunedComm, Communicator):
         with self._call(f"split {context}"):
             parent = self._t
         child = CpuComm(self._mesh, TeamTransport(parent, team), context, team.team_rank(self.rank),
-                        team.size)
+                        team.size, self._timeout_s)
         child.tuner.inherit(self.tuner)  # same ranks, same links: same calibration
         return child
 
@@ -279,7 +280,7 @@ def connect(membership: Membership, hooks: Hooks) -> CpuComm:
     spec = membership.spec
     layout.announce(membership, hooks.node)
     mesh = _Mesh(lambda: layout.settle(membership, hooks.node), hooks)
-    return CpuComm(mesh, None, spec.name, membership.rank, spec.world_size)
+    return CpuComm(mesh, None, spec.name, membership.rank, spec.world_size, spec.timeout_s)
 
 
 def _host(arr: Any) -> np.ndarray:
