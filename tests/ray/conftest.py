@@ -41,50 +41,53 @@ def _reinit(instance, args, kwargs):  # type: ignore[no-untyped-def]
 
 
 class ActorPool:
-    """Started actors shared by the tests of a session.
+    """Started actors shared by the tests of one module.
 
     A Ray actor is a worker process that imports Ray (and cgraph on its first graph): about
-    a second of CPU on these 2-core machines, where the Ray tests start hundreds. A test
-    takes actors of a class and arguments (``take``): idle ones come back with a new
-    one's state (``__init__`` run again on emptied attributes), the rest are started. After
-    the test (``settle``) an actor returns to the pool only if the test passed, it is alive
-    and answers within a few seconds (not stuck in a method), and no compiled graph is live
-    on it; any other is killed, as a fresh actor per test would be.
+    0.7 s of CPU on these 2-core machines, where the Ray tests start hundreds. A test takes
+    actors of a class (``take``): idle ones come back with a new one's state (attributes
+    emptied, ``__init__`` run again with this test's arguments), the rest are started.
+    After the test (``settle``) an actor returns to the pool only if the test passed, it is
+    alive and answers within a few seconds (not stuck in a method), and no compiled graph
+    is live on it; any other is killed, as a fresh actor per test would be. An idle actor
+    still costs about 1% of a core (Ray's own threads: 30 idle actors took 29% here), so
+    the pool keeps at most ``IDLE`` of them and ends with its module.
     """
 
     READY_S = 10.0
     """How long an actor given back may take to answer before it is killed instead."""
+    IDLE = 6
+    """The most idle actors kept; the rest of those given back are killed."""
 
     def __init__(self) -> None:
-        self.idle: dict[tuple[object, ...], list[object]] = {}
-        self.lent: list[tuple[tuple[object, ...], object]] = []
+        self.idle: dict[object, list[object]] = {}
+        self.lent: list[tuple[object, object]] = []
 
     def take(self, cls, n, *args, **kwargs):  # type: ignore[no-untyped-def]
-        key = (cls, args, tuple(sorted(kwargs.items())))
-        idle = self.idle.setdefault(key, [])
+        idle = self.idle.setdefault(cls, [])
         got = [idle.pop() for _ in range(min(n, len(idle)))]
         renewed = [actor.__ray_call__.remote(_reinit, args, kwargs) for actor in got]
         got += [cls.remote(*args, **kwargs) for _ in range(n - len(got))]
         ray.get(renewed, timeout=60)
-        self.lent += [(key, actor) for actor in got]
+        self.lent += [(cls, actor) for actor in got]
         return got
 
     def settle(self, passed: bool) -> None:
         from cgraph.runtime import launch
 
         lent, self.lent = self.lent, []
-        idle = [(key, actor) for key, actor in lent
+        free = [(cls, actor) for cls, actor in lent
                 if passed and actor._actor_id.hex() not in launch._ACTORS_IN_USE]
-        pings = [actor.__ray_ready__.remote() for _, actor in idle]
+        pings = [actor.__ray_ready__.remote() for _, actor in free]
         ready, _ = ray.wait(pings, num_returns=len(pings), timeout=self.READY_S)
         kept = set()
-        for (key, actor), ping in zip(idle, pings, strict=True):
-            if ping in ready:
+        for (cls, actor), ping in zip(free, pings, strict=True):
+            if ping in ready and sum(map(len, self.idle.values())) < self.IDLE:
                 try:
                     ray.get(ping)
                 except ray.exceptions.RayError:
                     continue  # killed by the test
-                self.idle[key].append(actor)
+                self.idle[cls].append(actor)
                 kept.add(id(actor))
         for _, actor in lent:
             if id(actor) not in kept:
@@ -97,7 +100,7 @@ class ActorPool:
         self.idle.clear()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def actor_pool(ray_session):  # type: ignore[no-untyped-def]
     pool = ActorPool()
     yield pool
@@ -107,7 +110,7 @@ def actor_pool(ray_session):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def actors(actor_pool, request):  # type: ignore[no-untyped-def]
     """``actors(cls, n, *args, **kwargs)``: n actors of ``cls`` made with those arguments, as
-    if new (``ActorPool``); shared by the session's tests."""
+    if new (``ActorPool``); shared by the module's tests."""
     yield actor_pool.take
     report = getattr(request.node, "rep_call", None)
     actor_pool.settle(report is not None and report.passed)
