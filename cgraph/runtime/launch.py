@@ -272,7 +272,7 @@ LOCATE_TIMEOUT_S = 60.0
 def locate_actors(front: FrontEnd) -> Graph:
     """The front end's graph with each actor's ``host`` ("" = the driver's node) and
     ``devices`` (the GPU ids Ray assigned it) filled in: one call per actor, the only
-    time compile asks where actors are (``gpu_placement.placement``).
+    time compile asks where actors are (``_locate``).
 
     Raises:
         CompileError: an actor of the DAG is not started (a ``Worker.bind()``
@@ -289,7 +289,7 @@ def locate_actors(front: FrontEnd) -> Graph:
             "and bind their methods, or use cgraph.plan(dag) to inspect the schedule only"
         )
     _check_free({a: _actor_key(h) for a, h in front.handles.items()})
-    refs = {a: h.__ray_call__.remote(placement) for a, h in front.handles.items()}
+    refs = {a: h.__ray_call__.remote(_locate) for a, h in front.handles.items()}
     try:
         found = ray.get(list(refs.values()), timeout=LOCATE_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
@@ -304,3 +304,14 @@ def locate_actors(front: FrontEnd) -> Graph:
                            devices=places[a.id][1] if a.gpus > 0 else None)
                    for a in graph.actors)
     return replace(graph, actors=actors)
+
+
+def _locate(actor: Any) -> tuple[str, tuple[str, ...]]:
+    """In an actor: where Ray put it (``gpu_placement.placement``). Defined here so that
+    the actor imports this module, and with it the loop's (the executor's), now and not
+    in its loop's first run. That import is about 0.3 s of CPU; taken at the loop's start,
+    it left the loop on the other vCPU from the driver in every run measured (echo 95-140
+    us median, 10 of 10 rounds), while taken here the kernel puts the loop beside the
+    driver in about two rounds of three (22-40 us; docs/design-notes.md, "Latency on an
+    idle VM")."""
+    return placement(actor)
