@@ -24,7 +24,7 @@ from cgraph.channels.opener import open_endpoint
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.cpu.mesh import CpuCommunicator, create_links
 from cgraph.ir import TensorHint
-from cgraph.runtime.comm_ops import EdgeReader, EdgeWriter, Encoded, decode, encode
+from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, decode, encode
 from cgraph.runtime.error_value import ErrorValue
 
 

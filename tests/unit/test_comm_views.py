@@ -29,7 +29,8 @@ from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.communicator import view_receiver
 from cgraph.comm.cpu.mesh import CpuCommunicator, create_links
 from cgraph.ir import TensorHint
-from cgraph.runtime.comm_ops import EdgeReader, EdgeWriter, encode, last_link_reads
+from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, encode
+from cgraph.runtime.comm_ops import last_link_reads
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.scheduler import parse_schedule
 from tests.unit.test_comm_cpu import StarOnly  # send and recv only: no recv_view
