@@ -188,11 +188,15 @@ def _still_here(name: str) -> bool:
 
 def _destroyed_elsewhere(group: Group) -> bool:
     """Whether ``group``'s store is gone or replaced: the driver destroyed the group (or its
-    store died). Asks Ray (a name lookup), so only queries and ``init`` ask, never a call."""
+    store died). Asks Ray (a name lookup, then a call to a store of the same id: the
+    lookup may answer from this process's cache of a store just killed), so only queries
+    and ``init`` ask, never a collective call."""
     if group.store is None or group.parent is not None or not ray.is_initialized():
         return False
     store = rendezvous.find_store(group.name)
-    return store is None or rendezvous.store_id(store) != rendezvous.store_id(group.store)
+    if store is None or rendezvous.store_id(store) != rendezvous.store_id(group.store):
+        return True
+    return not rendezvous.store_alive(store)
 
 
 def lookup(name: str) -> Group:

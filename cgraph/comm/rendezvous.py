@@ -52,6 +52,7 @@ from typing import Any
 
 import ray
 
+from cgraph._log import logger
 from cgraph.channels.segments import segment_name, unlink_channel
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S, KVStore, on_this_node
 from cgraph.errors import CollectiveGroupError, CollectiveTimeoutError
@@ -283,6 +284,20 @@ def find_store(group: str) -> Any | None:
         return None
 
 
+def store_alive(store: Any, timeout: float = RENDEZVOUS_TIMEOUT_S) -> bool:
+    """Whether ``store`` still runs. A name lookup alone can answer with a store that was
+    just killed: each process caches the actors it looked up by name and drops them only
+    when Ray's notice of the death reaches it. A call to a dead actor fails instead.
+    Unknown (no answer within ``timeout``) counts as alive."""
+    try:
+        ray.get(store.__ray_ready__.remote(), timeout=timeout)
+    except ray.exceptions.RayActorError:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return True
+    return True
+
+
 def call(store: Any, method: str, *args: Any, timeout: float = RENDEZVOUS_TIMEOUT_S,
          group: str = "?") -> Any:
     """``ray.get(store.method.remote(*args))`` with a deadline.
@@ -303,11 +318,19 @@ def call(store: Any, method: str, *args: Any, timeout: float = RENDEZVOUS_TIMEOU
             "destroyed or its creator died: create it again", group) from None
 
 
-def kill_store(store: Any, group: str, wait_s: float = 5.0) -> None:
-    """Kill the store and wait (briefly) until its name is free for a new group."""
+def kill_store(store: Any, group: str, wait_s: float = 60.0) -> None:
+    """Kill the store and wait until Ray has freed its name, so that every member's next
+    query sees the group gone and a new group can take the name. On a quiet machine that
+    takes milliseconds; the bound is for a loaded GCS (CI saw more than 5 s)."""
     ray.kill(store, no_restart=True)
     if _HELD.get(group) is not None and store_id(_HELD[group]) == store_id(store):
         del _HELD[group]
     deadline = time.monotonic() + wait_s
-    while find_store(group) is not None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    pause = 0.005
+    while find_store(group) is not None:
+        if time.monotonic() > deadline:
+            logger.warning("group %r: Ray still lists its store %.0f s after it was killed",
+                        group, wait_s)
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)

@@ -76,6 +76,30 @@ def test_a_group_destroyed_on_the_driver_is_dropped_by_its_members(members):
     assert again == [(0, 2), (1, 2)]
 
 
+def test_a_member_whose_name_lookup_still_finds_the_killed_store_sees_the_group_gone(members):
+    """A process answers a name lookup from its cache until Ray's notice of the actor's death
+    reaches it (CI saw one member say True here). The member's query must not trust it."""
+    name = fresh("stale")
+
+    def query_with_a_stale_lookup(store):
+        found = rendezvous.find_store
+        rendezvous.find_store = lambda _group: store  # the cache's answer
+        try:
+            return col.is_group_initialized(name), col.get_rank(name)
+        finally:
+            rendezvous.find_store = found
+
+    try:
+        col.declare_collective_group(members, 2, [0, 1], "cpu", name)
+        run_all(members, summed(name))
+        store = rendezvous.find_store(name)
+        col.destroy_collective_group(name)
+        after = ray.get(members[0].run.remote(query_with_a_stale_lookup, store), timeout=60)
+    finally:
+        destroy_everywhere(members, name)
+    assert after == ("ok", (False, -1))
+
+
 def test_the_store_outlives_the_rank_that_created_it(members):
     """Ray ends a non-detached actor when its creator drops its handle; the creator
     leaving first must not take the store (and the other rank's links) with it."""
