@@ -41,7 +41,8 @@ cgraph's collective algorithms), ``ProcessGroupCommunicator`` (torch.distributed
 gloo or NCCL), ``CudaIpcCommunicator`` (actors sharing one GPU); for the API each
 backend's (``comm.kinds``): ``CpuComm`` (cgraph's algorithms over links that span
 nodes, with teams and "auto"; it takes numpy arrays as well as CPU tensors, which is
-what the API hands it) and ``TorchComm`` (a process group per team). Below every
+what the API hands it) and ``TorchComm`` (a ``ProcessGroupCommunicator`` per team,
+with the API's signature check and "auto"). Below every
 algorithm sits the other interface, ``comm.transport.Transport``: point-to-point
 messages of numpy arrays, not a group's calls. A user-supplied communicator
 subclasses ``Communicator``: it must implement ``initialize``, ``rank``,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -84,8 +85,9 @@ class Node:
         return x
 
 
-def give_this_cluster_certificates() -> None:
-    """Certificates of a test CA for every process (the nodes inherit this environment)."""
+def give_this_cluster_certificates() -> str:
+    """Certificates of a test CA for every process (the nodes inherit this environment);
+    the folder that holds them (the caller removes it)."""
     import tempfile
 
     import trustme
@@ -97,6 +99,7 @@ def give_this_cluster_certificates() -> None:
     ca.cert_pem.write_to_path(f"{folder}/ca.pem")
     os.environ.update(CGRAPH_TLS_CERT=f"{folder}/cert.pem", CGRAPH_TLS_KEY=f"{folder}/key.pem",
                       CGRAPH_TLS_CA=f"{folder}/ca.pem")
+    return folder
 
 
 def break_data_connections(_self) -> int:
@@ -145,7 +148,7 @@ def check_death_at_the_output(on_two) -> None:
 
 
 def main() -> None:
-    give_this_cluster_certificates()
+    certificates = give_this_cluster_certificates()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "resources": {"head": 10}, "include_dashboard": False})
     cluster.add_node(num_cpus=2, resources={"node2": 10})
@@ -155,6 +158,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(certificates, ignore_errors=True)  # a private key: never left in /tmp
 
 
 def run_checks() -> None:

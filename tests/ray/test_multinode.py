@@ -126,7 +126,8 @@ def test_a_rank_killed_on_the_other_node_raises_on_the_survivors(checks, backend
     for outcome in checks[f"collectives_across_nodes_{backend}"]["after_death"]:
         assert outcome.startswith(("CollectiveError", "CollectiveTimeoutError", "CollectiveGroupError")), outcome
         assert f"xnode-{backend}" in outcome and " on node " in outcome and "ranks by node:" in outcome, outcome
-        assert float(outcome.split(" after ")[1].split("s:")[0]) < 30, outcome  # timeout_s 20
+        # timeout_s is 20: a rank that sees the death aborts its group, which wakes the rest
+        assert float(outcome.split(" after ")[1].split("s:")[0]) < 5, outcome
 
 
 def test_two_ranks_on_two_nodes_talk_first_while_the_others_are_idle(checks):

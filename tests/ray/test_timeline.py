@@ -57,21 +57,14 @@ def seed_shape(s: list[Any]) -> Any:
         return MultiOutputNode([s[3].work.bind(t) for t in sent])
 
 
-def tmp_picture() -> Any:
-    import tempfile
-    from pathlib import Path
-
-    return Path(tempfile.mkdtemp(prefix="cgraph-timeline-")) / "timeline.png"
-
-
-def recorded(dag: Any, overlap: bool) -> tuple[Any, dict[str, Any]]:
+def recorded(dag: Any, overlap: bool, folder: Any) -> tuple[Any, dict[str, Any]]:
     compiled = cgraph.compile(dag, default_communicator="cpu", overlap_gpu_communication=overlap, timeline=True)
     try:
         for i in range(EXECUTIONS):
             compiled.execute(i).get(timeout=60)
         trace = json.loads(json.dumps(compiled.timeline()))
         summary = compiled.timeline_summary()
-        picture = compiled.timeline(tmp_picture(), executions=2)
+        picture = compiled.timeline(folder / "timeline.png", executions=2)
         return compiled, {"trace": trace, "summary": summary, "picture": picture}
     finally:
         compiled.teardown()
@@ -79,8 +72,9 @@ def recorded(dag: Any, overlap: bool) -> tuple[Any, dict[str, Any]]:
 
 @pytest.mark.parametrize("shape", [chain, seed_shape])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_one_event_per_op_per_execution_on_separate_tracks(stages: list[Any], shape: Any, overlap: bool) -> None:
-    compiled, got = recorded(shape(stages), overlap)
+def test_one_event_per_op_per_execution_on_separate_tracks(stages: list[Any], shape: Any, overlap: bool,
+                                                           tmp_path: Any) -> None:
+    compiled, got = recorded(shape(stages), overlap, tmp_path)
     events = [e for e in got["trace"]["traceEvents"] if e["ph"] == "X"]
     names = {e["pid"]: e["args"]["name"] for e in got["trace"]["traceEvents"]
              if e["ph"] == "M" and e["name"] == "process_name"}

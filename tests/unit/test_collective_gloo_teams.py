@@ -80,3 +80,41 @@ def test_a_slow_first_auto_call_on_one_team_does_not_time_out_the_other(
         out = [f.result(timeout=120) for f in [pool.submit(rank, r) for r in range(4)]]
     assert [total for total, _ in out] == [4.0] * 4, "every rank got the sum of all four"
     assert out[2][1] == out[3][1], "the slow row's ranks still agree on what auto runs"
+
+
+def test_a_failure_on_one_rank_reaches_the_others_at_once_not_at_their_timeout() -> None:
+    """Rank 2 leaves (its process group is dropped, as when its process dies). The rank
+    that talks to it fails at once; it aborts its own process group, so the other survivor,
+    blocked on it, fails too, long before the group's timeout (30 s here)."""
+    timeout_s = 30.0
+    store = dist.HashStore()
+
+    def make_for(rank: int) -> Any:
+        def make(members: Team, prefix: str) -> tuple[Any, Any]:
+            prefixed = dist.PrefixStore(prefix, store)
+            return process_group("gloo", prefixed, members.team_rank(rank), members.size,
+                                 datetime.timedelta(seconds=timeout_s), "127.0.0.1"), prefixed
+
+        return make
+
+    def rank(r: int) -> tuple[str, float]:
+        comm = TorchComm(make_for(r), "g", Team((0, 1, 2)), ("n",) * 3, "cpu")
+        comm.allreduce(torch.ones(4), ReduceOp.SUM, "native")  # every pair has met
+        if r == 2:
+            comm.destroy()
+            return "left", 0.0
+        start = time.monotonic()
+        try:
+            for _ in range(50):
+                comm.allreduce(torch.ones(1 << 12), ReduceOp.SUM, "native")
+        except Exception as exc:  # noqa: BLE001 - its type and timing are the result
+            return type(exc).__name__, time.monotonic() - start
+        finally:
+            comm.destroy()
+        return "no error", time.monotonic() - start
+
+    with ThreadPoolExecutor(3) as pool:
+        out = [f.result(timeout=120) for f in [pool.submit(rank, r) for r in range(3)]]
+    assert out[2] == ("left", 0.0)
+    for name, seconds in out[:2]:
+        assert name in ("CollectiveError", "CollectiveTimeoutError") and seconds < timeout_s / 3, out

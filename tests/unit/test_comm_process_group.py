@@ -151,11 +151,16 @@ def test_a_group_already_broken_is_still_released() -> None:
     """``destroy`` of a group torch already broke (a dead peer) frees it without raising."""
 
     class Broken:
+        def rank(self) -> int:
+            return 0
+
+        def size(self) -> int:
+            return 2
+
         def shutdown(self) -> None:
             raise RuntimeError("connection closed by peer")
 
-    comm = ProcessGroupCommunicator.__new__(ProcessGroupCommunicator)
-    comm._pg, comm._lock, comm._done, comm.backend = Broken(), threading.Lock(), False, "gloo"
+    comm = ProcessGroupCommunicator.over(Broken(), None, "gloo")
     comm.destroy()
     with pytest.raises(ChannelClosedError):
         comm.send(torch.ones(1), 0)

@@ -46,15 +46,7 @@ from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S
 from cgraph.comm.teams import Team
 from cgraph.comm.tensor_views import working
-from cgraph.comm.torch.process_group import (
-    process_group,
-    start_allgather,
-    start_allreduce,
-    start_broadcast,
-    start_reduce,
-    start_reducescatter,
-)
-from cgraph.comm.torch.transport import ProcessGroupTransport
+from cgraph.comm.torch.process_group import ProcessGroupCommunicator, process_group
 from cgraph.comm.transport import describe_layout
 from cgraph.comm.tuning.autotune import TunedComm, Tuner
 from cgraph.comm.types import ReduceOp
@@ -87,12 +79,13 @@ FIT_REPEATS = 2
 
 
 class TorchComm(TunedComm, Communicator):
-    """One rank's side of a gloo / nccl group or team (the backend's ``Communicator``).
+    """One rank's side of a gloo / nccl group or team, as the imperative API promises it.
 
-    Every call first compares the ranks' signatures (``signatures``): a mismatch
-    raises ``CollectiveMismatchError`` on every rank and the group stays usable.
-    A failure inside torch (a timeout, a dead peer) breaks the process group:
-    later calls say so.
+    The process group's calls go through one ``ProcessGroupCommunicator`` (the wrapper a
+    compiled graph uses too); this class adds the API's promises. Every call first
+    compares the ranks' signatures (``signatures``): a mismatch raises
+    ``CollectiveMismatchError`` on every rank and the group stays usable. A failure inside
+    torch (a timeout, a dead peer) breaks the group: later calls say so.
     """
 
     tuner: Tuner
@@ -101,15 +94,13 @@ class TorchComm(TunedComm, Communicator):
                  nodes: tuple[Hashable, ...], device: str) -> None:
         self._make, self._name, self._members, self._device = make, name, members, device
         self._prefix = f"{name}[{','.join(map(str, members.ranks))}]"
-        # the store stays referenced here: C++ holds the process group's, and pybind
-        # loses a Python store's methods once no Python reference is left
-        self.process_group, self._store = make(members, self._prefix)
-        self._rank, self._size = int(self.process_group.rank()), int(self.process_group.size())
+        pg, store = make(members, self._prefix)
+        self._comm = ProcessGroupCommunicator.over(pg, store, "nccl" if device == "cuda" else "gloo", nodes)
+        self._rank, self._size = self._comm.rank, self._comm.world_size
         self._nodes = nodes
         self._broken: str | None = None
-        self._transport = ProcessGroupTransport(self.process_group, nodes, device)
-        self.tuner = Tuner(self._transport, {NATIVE: self._native}, self._guard, FIT_BYTES,
-                           FIT_REPEATS, _timeout_s(self.process_group))
+        self.tuner = Tuner(self._comm.transport, {NATIVE: self._native}, self._guard, FIT_BYTES,
+                           FIT_REPEATS, self._comm.timeout_s)
 
     @property
     def rank(self) -> int:
@@ -153,11 +144,11 @@ class TorchComm(TunedComm, Communicator):
     def _run(self, tensor: Any, op: ReduceOp, name: str) -> None:
         """The backend's own allreduce on ``tensor``, or cgraph's ``name`` over the process group."""
         if name == NATIVE:
-            self._wait("allreduce", lambda pg: start_allreduce(pg, tensor, op))
+            self._guard("allreduce", lambda: self._comm.allreduce(tensor, op))
             return
         with working(tensor, "numpy") as arr:
             options = self.tuner.options(name, arr.nbytes)
-            self._guard("allreduce", lambda: algorithms.allreduce(self._transport, arr, op, name, **options))
+            self._guard("allreduce", lambda: algorithms.allreduce(self._comm.transport, arr, op, name, **options))
 
     def _native(self, buf: np.ndarray, op: ReduceOp) -> None:
         """The backend's own allreduce of a numpy buffer: "native" as ``autotune`` times it
@@ -166,20 +157,18 @@ class TorchComm(TunedComm, Communicator):
 
         host = torch.from_numpy(buf)
         tensor = host if self._device == "cpu" else host.to(self._device)
-        start_allreduce(self.process_group, tensor, op).wait()
+        self._comm.allreduce(tensor, op)
         if tensor is not host:
             host.copy_(tensor.cpu())
 
     def reduce(self, tensor: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
         op = as_reduce_op(op)
         self._agree(signatures.encode("reduce", tensor, op, dst))
-        # torch may use a non-root's tensor as scratch; cgraph leaves it unchanged.
-        work = tensor if self.rank == dst else tensor.clone()
-        self._wait("reduce", lambda pg: start_reduce(pg, work, dst, op))
+        self._guard("reduce", lambda: self._comm.reduce(tensor, dst, op))
 
     def broadcast(self, tensor: Any, src: int) -> None:
         self._agree(signatures.encode("broadcast", tensor, None, src))
-        self._wait("broadcast", lambda pg: start_broadcast(pg, tensor, src))
+        self._guard("broadcast", lambda: self._comm.broadcast(tensor, src))
 
     def allgather(self, outs: Sequence[Any], tensor: Any, algorithm: str = "auto") -> None:
         self._agree(signatures.encode("allgather", tensor, None, _gather_code("allgather", algorithm)))
@@ -189,12 +178,12 @@ class TorchComm(TunedComm, Communicator):
                 whole = np.empty(n * p, dtype=mine.dtype)
                 whole[self.rank * n : (self.rank + 1) * n] = mine.reshape(-1)
             self._guard("allgather", lambda: algorithms.allgather(
-                self._transport, whole, algorithm=algorithm))
+                self._comm.transport, whole, algorithm=algorithm))
             for r, out in enumerate(outs):
                 with working(out, "numpy") as view:
                     view.reshape(-1)[:] = whole[r * n : (r + 1) * n]
             return
-        self._wait("allgather", lambda pg: start_allgather(pg, outs, tensor))
+        self._guard("allgather", lambda: self._comm.allgather(list(outs), tensor))
 
     def reducescatter(self, out: Any, parts: Any, op: ReduceOp | str = ReduceOp.SUM,
                       algorithm: str = "auto") -> None:
@@ -203,37 +192,38 @@ class TorchComm(TunedComm, Communicator):
         op, parts = as_reduce_op(op), split_chunks(out, parts, self.world_size)
         self._agree(signatures.encode("reducescatter", out, op, _gather_code("reducescatter", algorithm)))
         if algorithm in ("auto", NATIVE):  # the backend's own
-            self._wait("reducescatter", lambda pg: start_reducescatter(pg, out, parts, op))
+            self._guard("reducescatter", lambda: self._comm.reducescatter(out, parts, op))
             return
         whole = torch.cat([part.reshape(-1) for part in parts])  # cgraph's, over the process group
         n = out.numel()
         with working(whole, "numpy") as arr:
-            self._guard("reducescatter", lambda: algorithms.reducescatter(self._transport, arr, op, algorithm=algorithm))
+            self._guard("reducescatter", lambda: algorithms.reducescatter(
+                self._comm.transport, arr, op, algorithm=algorithm))
         out.copy_(whole[self.rank * n : (self.rank + 1) * n].reshape(out.shape))
 
     def send(self, tensor: Any, dst: int) -> None:
         mine = self._tensor(signatures.encode("p2p", tensor))
         answer = self._tensor([0])
-        self._wait("send", lambda pg: pg.send([mine], dst, 0))
-        self._wait("send", lambda pg: pg.recv([answer], dst, 0))
+        self._guard("send", lambda: self._comm.send(mine, dst))
+        self._guard("send", lambda: self._comm.recv(answer, dst))
         if int(answer[0]) != 1:
             raise self._mismatch(f"rank {dst} expected a different tensor: {_text(mine)} was sent")
-        self._wait("send", lambda pg: pg.send([tensor], dst, 0))
+        self._guard("send", lambda: self._comm.send(tensor, dst))
 
     def recv(self, tensor: Any, src: int) -> None:
         mine = signatures.encode("p2p", tensor)
         theirs = self._tensor([0] * len(mine))
-        self._wait("recv", lambda pg: pg.recv([theirs], src, 0))
+        self._guard("recv", lambda: self._comm.recv(theirs, src))
         ok = [int(x) for x in theirs.tolist()] == mine
-        self._wait("recv", lambda pg: pg.send([self._tensor([int(ok)])], src, 0))
+        self._guard("recv", lambda: self._comm.send(self._tensor([int(ok)]), src))
         if not ok:
             raise self._mismatch(f"rank {src} sent {_text(theirs)}, this rank receives "
                                  f"{signatures.describe(mine)}")
-        self._wait("recv", lambda pg: pg.recv([tensor], src, 0))
+        self._guard("recv", lambda: self._comm.recv(tensor, src))
 
     def barrier(self) -> None:
         self._agree(signatures.encode("barrier"))
-        self._wait("barrier", lambda pg: pg.barrier())
+        self._guard("barrier", self._comm.barrier)
 
     def split(self, team: Team) -> TorchComm:
         members = Team(tuple(self._members.ranks[r] for r in team.ranks))  # group ranks
@@ -243,13 +233,7 @@ class TorchComm(TunedComm, Communicator):
         return child
 
     def destroy(self) -> None:
-        shutdown = getattr(self.process_group, "shutdown", None)
-        if callable(shutdown):
-            try:
-                shutdown()
-            except RuntimeError:
-                pass  # already broken (a dead peer): nothing left to free
-        self.process_group = None
+        self._comm.destroy()
 
     # ------------------------------------------------------------------ internals
     def _agree(self, header: list[int]) -> None:
@@ -260,14 +244,14 @@ class TorchComm(TunedComm, Communicator):
             return
         mine = self._tensor(header)
         gathered = [self._tensor([0] * len(header)) for _ in range(self.world_size)]
-        self._wait("signature check", lambda pg: pg.allgather([gathered], [mine]))
+        self._guard("signature check", lambda: self._comm.allgather(gathered, mine))
         rows = [[int(x) for x in g.tolist()] for g in gathered]
         calls = "; ".join(f"rank {r}: {_describe(row)}" for r, row in enumerate(rows))
         raise self._mismatch(f"the ranks entered different calls ({calls})")
 
     def _max_allreduce(self, values: list[int]) -> list[int]:
         flag = self._tensor(values)
-        self._wait("signature check", lambda pg: start_allreduce(pg, flag, ReduceOp.MAX))
+        self._guard("signature check", lambda: self._comm.allreduce(flag, ReduceOp.MAX))
         return [int(x) for x in flag.tolist()]
 
     def _mismatch(self, detail: str) -> CollectiveMismatchError:
@@ -281,11 +265,10 @@ class TorchComm(TunedComm, Communicator):
 
         return torch.tensor(values, dtype=torch.int64, device=self._device)
 
-    def _wait(self, what: str, start: Callable[[Any], Any]) -> None:
-        self._guard(what, lambda: start(self.process_group).wait())
-
     def _guard(self, what: str, call: Callable[[], Any]) -> Any:
-        """``call()``; a failure inside torch breaks the group (later calls say so)."""
+        """``call()``; a failure inside torch breaks the group: this rank aborts its process
+        group at once, which closes its connections, so a peer blocked on this rank fails
+        now (it lost a peer) instead of at its timeout; later calls here say so."""
         if self._broken is not None:
             raise CollectiveGroupError(
                 f"group {self._name!r}, rank {self.rank}: the process group broke on an earlier "
@@ -297,17 +280,11 @@ class TorchComm(TunedComm, Communicator):
             text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             timed_out = "timed out" in text.lower() or "timeout" in text.lower()
             self._broken = f"{what}: {text}"
+            self._comm.abort()
             raise (CollectiveTimeoutError if timed_out else CollectiveError)(
                 f"group {self._name!r}, rank {self.rank}: {what} failed in torch.distributed: "
                 f"{text} (a peer did not arrive within timeout_s, or died; {describe_layout(self.nodes, self.rank)})",
                 self._name, self.rank) from exc
-
-
-def _timeout_s(process_group: Any) -> float | None:
-    """How long one of the process group's calls waits for a peer (``auto`` measures within
-    ``autotune.AUTO_SHARE`` of it); None where torch does not say."""
-    timeout = getattr(getattr(process_group, "options", None), "_timeout", None)
-    return None if timeout is None else float(timeout.total_seconds())
 
 
 def _text(header: Any) -> str:

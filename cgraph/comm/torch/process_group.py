@@ -1,15 +1,20 @@
-"""One torch.distributed process-group communicator: "gloo" on CPUs, "nccl" on GPUs.
+"""The one wrapper of a torch.distributed process group: "gloo" on CPUs, "nccl" on GPUs.
 
     driver                                       actor (rank r of n)
     StoreRendezvous.create(prefix) starts a  ──►  store = rendezvous.connect()
     store actor on the driver's node              pg = process_group(backend, store, r, n)
                                                    ProcessGroupCommunicator(rendezvous, r, n, backend)
 
-``process_group`` builds every torch process group cgraph uses and the
-``start_*`` functions start every torch collective it runs, for this communicator
-(a compiled graph's edges and collective nodes) and for the imperative API's
-backend (``comm.torch.backend``, which adds the signature check, teams and
-"auto") alike.
+    imperative API (comm.torch.backend)          ProcessGroupCommunicator.over(pg, store, backend, nodes)
+                                                   inside TorchComm, one per group and team
+
+``process_group`` builds every torch process group cgraph uses, and
+``ProcessGroupCommunicator`` makes every call on one: a compiled graph's edges
+and collective nodes use it as their ``Communicator``, and the imperative API's
+``TorchComm`` holds one per group or team and adds what the API promises on top
+(the signature check before each call, teams, "auto", errors naming the group).
+So torch's calls, the NCCL device and stream, the error a lost peer gives, and
+abort are written once.
 
 The rendezvous keys (NCCL's unique id, gloo's pair addresses) live in a
 ``KVStore`` actor (``ray_store``) and travel by Ray calls: no TCP server is
@@ -90,9 +95,8 @@ def process_group(backend: str, store: Any, rank: int, size: int, timeout: timed
 
 
 # --------------------------------------------------------------------------- torch's calls
-# The one place cgraph starts torch's collectives: the compiled graph's communicator
-# (``ProcessGroupCommunicator``) and the imperative API's backend (``comm.torch.backend``)
-# both call these, so the two cannot drift apart. Each returns torch's ``Work``.
+# How ``ProcessGroupCommunicator`` starts each of torch's collectives. Each returns
+# torch's ``Work``.
 def start_allreduce(pg: Any, tensor: Any, op: ReduceOp) -> Any:
     import torch.distributed as dist
 
@@ -199,8 +203,6 @@ class ProcessGroupCommunicator(Communicator):
 
     def __init__(self, rendezvous: StoreRendezvous, rank: int, world_size: int, backend: str = "nccl",
                  nodes: Sequence[Hashable] = ()) -> None:
-        import torch
-
         if backend not in BACKENDS:
             raise ValueError(f"unknown process-group backend {backend!r}; use one of {BACKENDS}")
         if not backend_available(backend):
@@ -208,18 +210,43 @@ class ProcessGroupCommunicator(Communicator):
                 f"the {backend} communicator cannot run here: NCCL needs CUDA and a torch built with "
                 'NCCL; on CPU actors compile with default_communicator="gloo" or "cpu"'
             )
+        store = rendezvous.connect()
+        self._adopt(process_group(backend, store, rank, world_size, WATCHDOG), store, backend,
+                    nodes, own_stream=True)
+
+    @classmethod
+    def over(cls, pg: Any, store: Any, backend: str, nodes: Sequence[Hashable] = ()) -> ProcessGroupCommunicator:
+        """Wrap a process group built elsewhere (the imperative API's groups and teams).
+
+        Its calls run on the caller's current CUDA stream and return when that stream has
+        them queued (NCCL) or when they are done (gloo), as ``torch.distributed``'s do;
+        ``stream`` is None.
+
+        Args:
+            pg: this rank's process group (``process_group``).
+            store: its store (kept referenced as long as the group).
+            backend: "gloo" or "nccl".
+            nodes: each rank's node, by rank; empty: one node.
+        """
+        comm = cls.__new__(cls)
+        comm._adopt(pg, store, backend, nodes, own_stream=False)
+        return comm
+
+    def _adopt(self, pg: Any, store: Any, backend: str, nodes: Sequence[Hashable], own_stream: bool) -> None:
+        import torch
+
         self.backend = backend
-        self._cuda = _Cuda() if backend == "nccl" else None
+        self._cuda = _Cuda(own_stream) if backend == "nccl" else None
         self._device = self._cuda.device if self._cuda else torch.device("cpu")
         # referenced here as long as the process group: C++ holds only its own reference,
         # and pybind loses a Python store's methods once no Python reference is left
-        self._store = rendezvous.connect()
-        self._pg: Any = process_group(backend, self._store, rank, world_size, WATCHDOG)
-        self._rank, self._size = rank, world_size
+        self._store = store
+        self._pg: Any = pg
+        self._rank, self._size = int(pg.rank()), int(pg.size())
         self._lock = threading.Lock()
         self._done = False
         self._transport: ProcessGroupTransport | None = None
-        self._nodes = tuple(nodes) if nodes else (0,) * world_size
+        self._nodes = tuple(nodes) if nodes else (0,) * self._size
 
     @property
     def rank(self) -> int:
@@ -264,10 +291,27 @@ class ProcessGroupCommunicator(Communicator):
         self._run(lambda pg: start_allreduce(pg, tensor, as_reduce_op(op)))
 
     def _allreduce_with(self, pg: Any, tensor: torch.Tensor, op: ReduceOp, name: str) -> None:
-        if self._transport is None:
-            self._transport = ProcessGroupTransport(pg, self._nodes)
         with NumpyView(tensor) as flat:
-            algorithms.allreduce(self._transport, flat, op, name)
+            algorithms.allreduce(self.transport, flat, op, name)
+
+    @property
+    def transport(self) -> ProcessGroupTransport:
+        """The process group's send/recv as cgraph's ``Transport``: cgraph's algorithms run on it."""
+        if self._transport is None:
+            self._transport = ProcessGroupTransport(self._group(), self._nodes, self._device.type)
+        return self._transport
+
+    @property
+    def timeout_s(self) -> float | None:
+        """How long one call waits for a peer; None where torch does not say."""
+        timeout = getattr(getattr(self._pg, "options", None), "_timeout", None)
+        return None if timeout is None else float(timeout.total_seconds())
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
+        """The backend's own reduce into ``dst``; a non-root's tensor is left as it was
+        (torch may use it as scratch, so a copy goes instead)."""
+        work = tensor if self._rank == dst else tensor.clone()
+        self._run(lambda pg: start_reduce(pg, work, dst, as_reduce_op(op)))
 
     def allgather(self, out: list[torch.Tensor], tensor: torch.Tensor, algorithm: str = "auto") -> None:
         _native(self, "allgather", algorithm)
@@ -289,7 +333,7 @@ class ProcessGroupCommunicator(Communicator):
         self.synchronize()
 
     def synchronize(self) -> None:
-        if self._cuda:
+        if self._cuda and self._cuda.stream is not None:
             self._cuda.stream.synchronize()
 
     def abort(self) -> None:
@@ -304,6 +348,8 @@ class ProcessGroupCommunicator(Communicator):
                 return
             self._done = True
             pg, self._pg = self._pg, None
+            if self._transport is not None:
+                self._transport.close()  # it held the process group too
         try:
             how(pg)
         except RuntimeError:
@@ -356,13 +402,14 @@ class NcclCommunicator(ProcessGroupCommunicator):
 
 
 class _Cuda:
-    """The only lines of this module that need CUDA: the device, the comm stream, entering them."""
+    """The only lines of this module that need CUDA: the device, the comm stream (a graph's
+    communicator has its own; the API's calls run on the caller's), entering them."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_stream: bool) -> None:
         import torch
 
         self.device = torch.device("cuda", torch.cuda.current_device())
-        self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]  # unannotated in torch
+        self.stream = torch.cuda.Stream(self.device) if own_stream else None  # type: ignore[no-untyped-call]  # unannotated in torch
 
     def enter(self) -> Any:
         import contextlib
@@ -371,7 +418,8 @@ class _Cuda:
 
         stack = contextlib.ExitStack()
         stack.enter_context(torch.cuda.device(self.device))
-        stack.enter_context(torch.cuda.stream(self.stream))
+        if self.stream is not None:
+            stack.enter_context(torch.cuda.stream(self.stream))
         return stack
 
 

@@ -63,21 +63,33 @@ class ProcessGroupTransport:
 
     def send(self, buf: np.ndarray, dst: int) -> None:
         if buf.size:
-            self._pg.send([self._outgoing(buf)], self._peer(dst), TAG).wait()
+            self._group().send([self._outgoing(buf)], self._peer(dst), TAG).wait()
 
     def recv(self, buf: np.ndarray, src: int) -> None:
         if buf.size:
             landing = self._landing(buf)
-            self._pg.recv([landing], self._peer(src), TAG).wait()
+            self._group().recv([landing], self._peer(src), TAG).wait()
             self._land(buf, landing)
 
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int) -> None:
-        sent = self._pg.send([self._outgoing(sendbuf)], self._peer(dst), TAG) if sendbuf.size else None
+        sent = self._group().send([self._outgoing(sendbuf)], self._peer(dst), TAG) if sendbuf.size else None
         self.recv(recvbuf, src)
         if sent is not None:
             sent.wait()
 
+    def close(self) -> None:
+        """Drop the process group (its owner aborted it): later messages raise."""
+        self._pg = None
+
     # ------------------------------------------------------------------ internals
+    def _group(self) -> Any:
+        pg = self._pg
+        if pg is None:
+            from cgraph.errors import ChannelClosedError
+
+            raise ChannelClosedError("the process group under this transport was aborted")
+        return pg
+
     def _peer(self, peer: int) -> int:
         if not 0 <= peer < self._size or peer == self._rank:
             raise ValueError(f"rank {self._rank}: no peer {peer} in a group of {self._size}")

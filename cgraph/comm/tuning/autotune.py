@@ -359,7 +359,7 @@ class Arm:
     def describe(self) -> str:
         """One line for ``explain``: what runs, against what, and the switches so far."""
         if self.challenger is None:
-            return f"measured: {self.incumbent} runs (the only close candidate)"
+            return f"measured: {self.incumbent} runs (the only close candidate; {self.calls} calls)"
         ratios = ", ".join(f"{r:.2f}" for r in self.ratios) or "none yet"
         return (f"measured: {self.incumbent} runs ({' -> '.join(self.history)}), probed against "
                 f"{self.challenger} (its time ratios since the last switch: {ratios}; "
