@@ -14,7 +14,7 @@ names (which import Ray) load on first use.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cgraph.errors import (
     ActorDiedError,
@@ -62,7 +62,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     """Load the Ray-dependent public names on first use (PEP 562)."""
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)

@@ -14,19 +14,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 _logger = logging.getLogger("cgraph")  # cgraph._log's logger, by name: both sit on layer 0
 
 
-def start(target: Callable[..., Any], name: str, *args: Any) -> threading.Thread:
+def start(target: Callable[..., object], name: str, *args: object) -> threading.Thread:
     """Start ``target(*args)`` on a new daemon thread called ``name``; returns the thread."""
     thread = threading.Thread(target=_quietly_ended, args=(target, name, args), name=name, daemon=True)
     thread.start()
     return thread
 
 
-def _quietly_ended(target: Callable[..., Any], name: str, args: tuple[Any, ...]) -> None:
+def _quietly_ended(target: Callable[..., object], name: str, args: tuple[object, ...]) -> None:
     try:
         target(*args)
     except (SystemExit, KeyboardInterrupt) as exc:

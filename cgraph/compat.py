@@ -23,7 +23,7 @@ import it; ``cgraph/__init__.py`` loads it when a Ray name is first used.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ray.dag import DAGNode
 from ray.dag import InputNode as _RayInputNode
@@ -34,6 +34,7 @@ from cgraph.dag import TorchTensorType, with_type_hint
 from cgraph.dag.adapter import uses_cgraph_input
 
 if TYPE_CHECKING:
+    from cgraph._boundary import RayObject, UserValue
     from cgraph.runtime.compiled_graph import CompiledGraph
 
 __all__ = ["InputNode", "MultiOutputNode", "TorchTensorType", "compile_with_ray_options",
@@ -41,14 +42,14 @@ __all__ = ["InputNode", "MultiOutputNode", "TorchTensorType", "compile_with_ray_
 
 
 def compile_with_ray_options(
-    dag: Any,
+    dag: RayObject,
     _submit_timeout: float | None = None,
     _buffer_size_bytes: int | None = None,
     enable_asyncio: bool = False,
     _max_inflight_executions: int | None = None,
     _max_buffered_results: int | None = None,
     _overlap_gpu_communication: bool | None = None,
-    _default_communicator: Any = "create",
+    _default_communicator: str | UserValue | None = "create",
 ) -> CompiledGraph:
     """``cgraph.compile`` behind Ray 2.60's ``experimental_compile`` signature.
 
@@ -84,12 +85,12 @@ RAY_DEFAULT_GET_TIMEOUT_S = 10
 """Ray's built-in ``DAGContext.get_timeout`` (when ``RAY_CGRAPH_get_timeout`` is unset)."""
 
 
-def ray_context_options() -> dict[str, Any]:
+def ray_context_options() -> dict[str, UserValue]:
     """cgraph.compile options from Ray's current ``DAGContext`` (see compile_with_ray_options)."""
     from ray.dag.context import DAGContext
 
     ctx = DAGContext.get_current()
-    options: dict[str, Any] = {
+    options: dict[str, UserValue] = {
         "submit_timeout": ctx.submit_timeout,
         "buffer_size_bytes": int(ctx.buffer_size_bytes),
         "max_inflight_executions": ctx.max_inflight_executions,
@@ -109,7 +110,7 @@ GET_TIMEOUT_ENV = "RAY_CGRAPH_get_timeout"
 class _CompiledByCGraph:
     """Mixin: ``experimental_compile`` with Ray's keywords, compiled by cgraph."""
 
-    def experimental_compile(self, *args: Any, **kwargs: Any) -> Any:
+    def experimental_compile(self, *args: UserValue, **kwargs: UserValue) -> CompiledGraph:
         """Compile this DAG with cgraph; takes Ray's ``experimental_compile`` arguments.
 
         Returns:
@@ -126,14 +127,16 @@ class InputNode(_CompiledByCGraph, _RayInputNode):
 
     _cgraph_input = True  # read by adapter.uses_cgraph_input
 
-    def _copy_impl(self, new_args: Any, new_kwargs: Any, new_options: Any, new_other: Any) -> InputNode:
+    def _copy_impl(self, new_args: list[DAGNode], new_kwargs: dict[str, object], new_options: dict[str, object],
+                   new_other: dict[str, object]) -> InputNode:
         return InputNode(_other_args_to_resolve=new_other)
 
 
 class MultiOutputNode(_CompiledByCGraph, _RayMultiOutputNode):
     """Ray's ``MultiOutputNode``; ``experimental_compile`` compiles with cgraph."""
 
-    def _copy_impl(self, new_args: Any, new_kwargs: Any, new_options: Any, new_other: Any) -> MultiOutputNode:
+    def _copy_impl(self, new_args: list[DAGNode], new_kwargs: dict[str, object], new_options: dict[str, object],
+                   new_other: dict[str, object]) -> MultiOutputNode:
         return MultiOutputNode(new_args, new_other)
 
 
@@ -149,7 +152,7 @@ def install_ray_hooks() -> None:
     original = DAGNode.experimental_compile
     if not getattr(original, "_cgraph_dispatch", False):
 
-        def experimental_compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def experimental_compile(self: DAGNode, *args: UserValue, **kwargs: UserValue) -> CompiledGraph | RayObject:
             if uses_cgraph_input(self):
                 return compile_with_ray_options(self, *args, **kwargs)
             return original(self, *args, **kwargs)

@@ -25,10 +25,10 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cgraph._log import logger
 from cgraph.dag import CommunicatorTable, FrontEnd, read_dag
@@ -36,6 +36,7 @@ from cgraph.runtime.options import CompileOptions
 from cgraph.scheduler import ChannelPlan, Planned, Schedule
 
 if TYPE_CHECKING:
+    from cgraph._boundary import RayObject, UserValue
     from cgraph.ir import Graph
     from cgraph.runtime.compiled_graph import CompiledGraph
 
@@ -160,10 +161,10 @@ def _open_viewer(path: Path) -> None:
 
 
 def plan_dag(
-    dag: Any,
+    dag: RayObject,
     *,
     overlap: bool = False,
-    default_communicator: Any = None,
+    default_communicator: str | UserValue | None = None,
     check: bool = True,
     locate: Callable[[FrontEnd], Graph] | None = None,
 ) -> tuple[FrontEnd, Planned]:
@@ -205,7 +206,7 @@ def plan_dag(
     return front, planned
 
 
-def plan(dag: Any, **options: Any) -> CompiledPlan:
+def plan(dag: RayObject, **options: UserValue) -> CompiledPlan:
     """Plan a Ray DAG without running it: the IR, channels and schedule.
 
     Works on DAGs of live actor handles and of unstarted ``Worker.bind()``
@@ -229,10 +230,11 @@ def plan(dag: Any, **options: Any) -> CompiledPlan:
 
 
 def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
-    dag: Any, *, overlap_gpu_communication: bool = False, max_inflight_executions: int = 10,
+    dag: RayObject, *, overlap_gpu_communication: bool = False, max_inflight_executions: int = 10,
     buffer_size_bytes: int = 1 << 20, submit_timeout: float | None = 10.0,
     get_timeout: float | None = None, enable_asyncio: bool = False,
-    default_communicator: Any = None, cpu_affinity: Any = None, max_buffered_results: int = 1000,
+    default_communicator: str | UserValue | None = None, cpu_affinity: str | Iterable[int] | None = None,
+    max_buffered_results: int = 1000,
     max_value_bytes: int = 16 << 30, tls: bool | None = None, timeline: bool | None = None,
     timeline_executions: int = 100, teardown_timeout: float = 30.0,
 ) -> CompiledGraph:
@@ -282,7 +284,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     return _launch(dag, options)
 
 
-def _launch(dag: Any, options: CompileOptions) -> CompiledGraph:
+def _launch(dag: RayObject, options: CompileOptions) -> CompiledGraph:
     from cgraph import visualize
     from cgraph.runtime.launch import launch, locate_actors
 
@@ -293,7 +295,7 @@ def _launch(dag: Any, options: CompileOptions) -> CompiledGraph:
     return compiled
 
 
-def _plan(dag: Any, options: CompileOptions, locate: Callable[[FrontEnd], Graph] | None) -> CompiledPlan:
+def _plan(dag: RayObject, options: CompileOptions, locate: Callable[[FrontEnd], Graph] | None) -> CompiledPlan:
     front, planned = plan_dag(
         dag,
         overlap=options.overlap_gpu_communication,
@@ -306,7 +308,7 @@ def _plan(dag: Any, options: CompileOptions, locate: Callable[[FrontEnd], Graph]
     return compiled
 
 
-def _communicator_name(communicator: Any, table: CommunicatorTable) -> str | None:
+def _communicator_name(communicator: str | UserValue | None, table: CommunicatorTable) -> str | None:
     if communicator is None or isinstance(communicator, str):
         return communicator
     return table.name(communicator)

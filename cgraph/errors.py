@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 import sys
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 
 class CGraphError(Exception):
@@ -176,7 +176,7 @@ class TaskError(RuntimeGraphError):
         head = self.args[0] if self.args else ""
         return f"{head}\n{self.traceback_str}".rstrip()
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         """Attributes the user's exception had (``err.code``, ...) read through to it."""
         cause = self.__dict__.get("cause")
         if cause is None or name.startswith("__"):
@@ -305,7 +305,7 @@ def with_compat(err: _E) -> _E:
     return out
 
 
-def _blank(cls: type[Any]) -> Any:
+def _blank(cls: type[_E]) -> _E:
     """An uninitialised instance of an exception class with several bases.
 
     ``cls.__new__`` resolves to the first base that defines ``__new__`` (often

@@ -12,14 +12,17 @@ layout) that the driver creates and ships to Ray actors, which ``attach`` it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from cgraph._boundary import UserValue
 
 
 class ChannelWriter(ABC):
     """The writing end of a channel."""
 
     @abstractmethod
-    def write(self, value: Any, timeout: float | None = None) -> None:
+    def write(self, value: UserValue, timeout: float | None = None) -> object:
         """Write ``value`` into the next slot, waiting for a free one.
 
         Raises:
@@ -41,7 +44,7 @@ class ChannelReader(ABC):
     """A reading end of a channel."""
 
     @abstractmethod
-    def read(self, timeout: float | None = None) -> Any:
+    def read(self, timeout: float | None = None) -> UserValue:
         """Return the next value, waiting for it; releases the previous one first.
 
         A zero-copy value (array views into shared memory) is valid until

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cgraph.channels.segments import open_segment
 from cgraph.channels.serialization import Payload, forwarded
 from cgraph.errors import ChannelClosedError
 
-OpenFree = Callable[[str, int, int, int], Any]
+if TYPE_CHECKING:
+    from cgraph.channels.base import ChannelReader
+    from cgraph.channels.semaphore import Semaphore
+
+OpenFree = Callable[[str, int, int, int], "Semaphore"]
 """(control segment, readers, slots, reader) -> that reader's ``free`` semaphore."""
 
 
@@ -41,9 +45,9 @@ class Origins:
 
     def __init__(self) -> None:
         self.data: dict[str, memoryview] = {}
-        self.free: dict[tuple[str, int], Any] = {}
+        self.free: dict[tuple[str, int], Semaphore] = {}
 
-    def resolve(self, origin: bytes, open_free: OpenFree) -> tuple[memoryview, Any]:
+    def resolve(self, origin: bytes, open_free: OpenFree) -> tuple[memoryview, Semaphore]:
         """The origin slot's data and the semaphore that gives it back to its writer."""
         segment, capacity, control, reader, num_readers, max_inflight = pickle.loads(origin)
         try:
@@ -61,7 +65,7 @@ class Origins:
         return data, free
 
 
-def forward(payload: Payload, holders: Sequence[Any]) -> tuple[Payload, Any]:
+def forward(payload: Payload, holders: Sequence[ChannelReader]) -> tuple[Payload, ChannelReader | None]:
     """``payload`` with the buffers that lie in one holder's slot forwarded, and that
     holder (the payload as is and None when no buffer does)."""
     import numpy as np

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cgraph.channels.base import ChannelReader, ChannelWriter
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
+
+if TYPE_CHECKING:
+    from cgraph._boundary import UserValue
 
 _registry: dict[str, IntraChannel] = {}
 _registry_lock = threading.Lock()
@@ -46,7 +49,7 @@ class IntraChannel:
         self.key = key
         self.num_readers = num_readers
         self.max_inflight = max_inflight
-        self._ring: list[Any] = [None] * max_inflight
+        self._ring: list[UserValue] = [None] * max_inflight
         self._written = 0
         self._claimed = [0] * num_readers  # next value number each reader reads
         self._released = [0] * num_readers
@@ -89,7 +92,7 @@ class IntraChannel:
             if _registry.get(self.key) is self:
                 del _registry[self.key]
 
-    def put(self, value: Any, timeout: float | None) -> None:
+    def put(self, value: UserValue, timeout: float | None) -> None:
         with self._cond:
             if not self._cond.wait_for(self._has_room, timeout):
                 raise self._timed_out("write to", timeout)
@@ -99,7 +102,7 @@ class IntraChannel:
             self._written += 1
             self._cond.notify_all()
 
-    def get(self, reader: int, timeout: float | None) -> Any:
+    def get(self, reader: int, timeout: float | None) -> UserValue:
         with self._cond:
             ready = self._cond.wait_for(
                 lambda: self._closed or self._claimed[reader] < self._written, timeout
@@ -137,7 +140,7 @@ class IntraWriter(ChannelWriter):
     def __init__(self, channel: IntraChannel) -> None:
         self.channel = channel
 
-    def write(self, value: Any, timeout: float | None = None) -> None:
+    def write(self, value: UserValue, timeout: float | None = None) -> None:
         self.channel.put(value, timeout)
 
     def close(self) -> None:
@@ -153,7 +156,7 @@ class IntraReader(ChannelReader):
         self.index = index
         self._holding = False
 
-    def read(self, timeout: float | None = None) -> Any:
+    def read(self, timeout: float | None = None) -> UserValue:
         self.release()
         value = self.channel.get(self.index, timeout)
         self._holding = True

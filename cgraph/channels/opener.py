@@ -21,7 +21,7 @@ from __future__ import annotations
 from cgraph.channels.base import ChannelReader, ChannelWriter
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
 from cgraph.channels.relay import RelayHandle, RelayReader
-from cgraph.channels.shm_channel import ShmHandle, open_shm
+from cgraph.channels.shm_channel import ShmHandle, ShmReader, ShmWriter, open_shm
 from cgraph.channels.socket_channel import SocketWriter
 from cgraph.channels.socket_endpoint import SocketHandle
 from cgraph.channels.socket_reader import SocketReader
@@ -79,4 +79,5 @@ def _open_relay(handle: RelayHandle) -> RelayReader:
     except BaseException:
         sink.detach()
         raise
+    assert isinstance(reader, ShmReader) and isinstance(sink, ShmWriter)  # opened from their handles
     return RelayReader(reader, relay, sink)

@@ -20,12 +20,16 @@ the relay (detach ends both; a lost writer is reported as the socket saw it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cgraph.channels.base import ChannelReader
-from cgraph.channels.shm_channel import ShmHandle
+from cgraph.channels.shm_channel import ShmHandle, ShmReader, ShmWriter
 from cgraph.channels.socket_endpoint import SocketHandle
 from cgraph.errors import ChannelClosedError
+
+if TYPE_CHECKING:
+    from cgraph._boundary import UserValue
+    from cgraph.channels.socket_reader import SocketReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +44,10 @@ class RelayHandle:
 class RelayReader(ChannelReader):
     """Reader 0 of the node channel, which also runs the relay that fills it."""
 
-    def __init__(self, reader: Any, relay: Any, sink: Any) -> None:
+    def __init__(self, reader: ShmReader, relay: SocketReader, sink: ShmWriter) -> None:
         self._reader, self._relay, self._sink = reader, relay, sink
 
-    def read(self, timeout: float | None = None, copy: bool = False) -> Any:
+    def read(self, timeout: float | None = None, copy: bool = False) -> UserValue:
         try:
             return self._reader.read(timeout, copy=copy)
         except ChannelClosedError:
@@ -64,6 +68,6 @@ class RelayReader(ChannelReader):
         self._reader.detach()
         self._sink.detach()
 
-    def shm_endpoints(self) -> tuple[Any, ...]:
+    def shm_endpoints(self) -> tuple[ShmReader, ShmWriter]:
         """The node channel's endpoints this process holds (a node watch closes them)."""
         return (self._reader, self._sink)

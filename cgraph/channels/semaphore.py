@@ -27,9 +27,26 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 from cgraph._log import logger
+
+if TYPE_CHECKING:
+    from cgraph.channels import _fastpath
+
+    class FastPath(Protocol):
+        """The C extension module ``_fastpath`` (typed in ``_fastpath.pyi``), as used here
+        and by shm_channel.py's Fast endpoints."""
+
+        MISS: object
+        WAIT_FAILED: int
+        DECODE: int
+        Endpoint: type[_fastpath.Endpoint]
+
+        def sem_post(self, address: int, /) -> int: ...
+        def sem_trywait(self, address: int, /) -> int: ...
+        def sem_wait(self, address: int, deadline_ns: int | None, poll_ns: int,
+                     should_stop: Callable[[], bool] | None, /) -> int: ...
 
 SEM_SIZE = 32  # sizeof(sem_t) on 64-bit glibc
 _CLOCK_MONOTONIC = time.CLOCK_MONOTONIC
@@ -48,7 +65,7 @@ _sem_getvalue = _libc.sem_getvalue
 _sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
 
 
-def _load_fastpath() -> ModuleType | None:
+def _load_fastpath() -> FastPath | None:
     """The C extension, or None (with a debug line saying why) for the pure-Python path."""
     if os.environ.get("CGRAPH_PURE_PYTHON", "") not in ("", "0"):
         logger.debug("CGRAPH_PURE_PYTHON is set: shm channels run in pure Python")

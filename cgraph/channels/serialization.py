@@ -54,11 +54,20 @@ import pickle
 import struct
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 from cgraph.errors import RuntimeGraphError, TaskError
+
+if TYPE_CHECKING:
+    from _pickle import _ReducedType
+    from types import NotImplementedType
+
+    import numpy as np
+    import torch
+
+    from cgraph._boundary import UserValue
 
 ALIGN = 64
 WRITABLE = 1
@@ -104,7 +113,7 @@ def forwarded(payload: Payload, external: dict[int, int], origin: bytes) -> Payl
     return Payload(payload.pickled, payload.buffers, flags, offsets, pos, origin)
 
 
-def dumps(value: Any) -> Payload:
+def dumps(value: UserValue) -> Payload:
     """Pickle ``value``; its large buffers stay where they are until ``pack_into``.
 
     Raises:
@@ -129,7 +138,7 @@ def dumps(value: Any) -> Payload:
     return Payload(pickled, buffers, flags, offsets, pos)
 
 
-def _is_small_plain(value: Any, depth: int = 2) -> bool:
+def _is_small_plain(value: UserValue, depth: int = 2) -> bool:
     """A short tuple/list/dict of plain scalars (e.g. execute's ``(args, kwargs)``).
 
     Plain loops, not ``all(genexpr)``: this runs on every write of a small value.
@@ -210,7 +219,7 @@ def origin_of(src: memoryview) -> bytes | None:
 
 
 def loads(src: memoryview, writable: bool = False, external: memoryview | None = None,
-          copy: bool = False) -> Any:
+          copy: bool = False) -> UserValue:
     """Rebuild the value packed at the start of ``src`` (a writable byte view).
 
     Out-of-band buffers become views into ``src`` (an EXTERNAL one into
@@ -225,7 +234,7 @@ def loads(src: memoryview, writable: bool = False, external: memoryview | None =
     if count == 0:
         return pickle.loads(src[start : start + plen])
     readonly = src if writable else src.toreadonly()
-    buffers: list[Any] = []
+    buffers: list[memoryview] = []
     for i in range(count):
         off, length, flag = _ENTRY.unpack_from(src, _HEAD.size + _ENTRY.size * i)
         if flag & EXTERNAL:
@@ -275,7 +284,7 @@ def on_base(mixin: type, base: type) -> type:
                 {"_base_override": None if override is None else staticmethod(override)})
 
 
-def _pickle(value: Any) -> tuple[bytes, list[memoryview], list[int]]:
+def _pickle(value: UserValue) -> tuple[bytes, list[memoryview], list[int]]:
     # One pickler per thread, reused: building one costs ~3 us, a whole small hop.
     pickler: _OutOfBandPickler | None = getattr(_local, "pickler", None)
     base = pickler_base()
@@ -297,7 +306,7 @@ class _OutOfBandPickler(PicklerMixin):
     per array than this one, which matters for the per-value overhead.
     """
 
-    _base_override: Any = None
+    _base_override: Callable[[pickle.Pickler, UserValue], _ReducedType] | None = None
 
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=5, buffer_callback=self._on_buffer)
@@ -327,7 +336,7 @@ class _OutOfBandPickler(PicklerMixin):
         self.buffers, self.flags = [], []
         self.busy = False
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: UserValue) -> _ReducedType | NotImplementedType:
         kind = type(obj)  # exact types: subclasses (Parameter, matrix) keep their reducers
         if kind is self._ndarray and obj.dtype.kind in _FLAT_KINDS:
             order = "F" if obj.flags.f_contiguous and not obj.flags.c_contiguous else "C"
@@ -338,7 +347,7 @@ class _OutOfBandPickler(PicklerMixin):
         if kind is self._tensor and obj.layout is _strided():
             device = obj.device.type
             if obj.is_quantized or device not in ("cpu", "cuda"):
-                return NotImplemented
+                return NotImplemented  # type: ignore[no-any-return]  # mypy: Any outside operator methods
             if device == "cuda":
                 obj = obj.detach().cpu()  # CUDA: device to host, see the module docstring
             flat = obj.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
@@ -359,17 +368,19 @@ class _OutOfBandPickler(PicklerMixin):
 _FLAT_KINDS = frozenset("biufcSU")  # dtype.str describes them fully; they export buffers
 
 
-def _strided() -> Any:
+def _strided() -> object:
     return sys.modules["torch"].strided
 
 
-def _rebuild_array(buf: Any, dtype: str, shape: tuple[int, ...], order: Any) -> Any:
+def _rebuild_array(buf: memoryview | bytes | bytearray, dtype: str, shape: tuple[int, ...],
+                   order: Literal["C", "F"]) -> np.ndarray:
     import numpy
 
     return numpy.frombuffer(buf, dtype).reshape(shape, order=order)
 
 
-def _rebuild_tensor(buf: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
+def _rebuild_tensor(buf: memoryview | bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...],
+                    requires_grad: bool) -> torch.Tensor:
     import torch
 
     if memoryview(buf).nbytes == 0:
@@ -379,7 +390,8 @@ def _rebuild_tensor(buf: Any, dtype: Any, shape: tuple[int, ...], requires_grad:
     return tensor.requires_grad_() if requires_grad else tensor
 
 
-def _rebuild_cuda_tensor(buf: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
+def _rebuild_cuda_tensor(buf: memoryview | bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...],
+                         requires_grad: bool) -> torch.Tensor:
     """A tensor written from a GPU: on this process's current CUDA device if it has
     CUDA, else on the CPU (then a view of the slot, as any CPU tensor)."""
     host = _rebuild_tensor(buf, dtype, shape, False)

@@ -90,7 +90,7 @@ import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cgraph.channels.base import ChannelReader, ChannelWriter
 from cgraph.channels.forwarding import Origins, forward
@@ -119,6 +119,10 @@ from cgraph.channels.shm_layout import (
     _SlotMaps,
 )
 from cgraph.errors import ChannelClosedError, ChannelTimeoutError
+
+if TYPE_CHECKING:
+    from cgraph._boundary import UserValue
+    from cgraph.channels._fastpath import Endpoint
 
 FASTPATH = fastpath is not None  # endpoints run their hot path in C (_fastpath.c)
 _MISS = fastpath.MISS if fastpath is not None else object()  # the core's "Python, finish this"
@@ -215,7 +219,8 @@ class ShmWriter(ChannelWriter):
         self._slots = _SlotMaps(handle, control)
         self._detached = False
 
-    def write(self, value: Any, timeout: float | None = None, forward_from: Sequence[Any] = ()) -> Any:
+    def write(self, value: UserValue, timeout: float | None = None,
+              forward_from: Sequence[ChannelReader] = ()) -> ChannelReader | None:
         """Write ``value`` (one copy of its buffers into the slot).
 
         ``forward_from``: readers (of other shm channels, in this process) holding
@@ -232,6 +237,7 @@ class ShmWriter(ChannelWriter):
         self.reserve(timeout)
         self.fill(payload.nbytes, lambda slot: pack_into(payload, slot))
         if taken is not None:
+            assert isinstance(taken, ShmReader)  # only shm readers hold slots (``forward``)
             taken.hand_over()  # from now on our reader gives the slot back
         return taken
 
@@ -290,7 +296,7 @@ class ShmWriter(ChannelWriter):
         self._detached = True
         self._slots.drop()
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         return (open_shm, (self._handle,))
 
 
@@ -311,7 +317,7 @@ class ShmReader(ChannelReader):
         self._forwarded: tuple[memoryview, bytes] | None = None  # its origin's data and name
         self._foreign = Origins()
 
-    def read(self, timeout: float | None = None, copy: bool = False) -> Any:
+    def read(self, timeout: float | None = None, copy: bool = False) -> UserValue:
         """The next value; a zero-copy view valid until ``release()``, or with
         ``copy=True`` one copy of the slot's bytes that outlives it (the slot is
         released at once)."""
@@ -335,7 +341,7 @@ class ShmReader(ChannelReader):
         self._holding = True
         return self._decode(seq % self._handle.max_inflight, copy)
 
-    def _decode(self, slot: int, copy: bool) -> Any:
+    def _decode(self, slot: int, copy: bool) -> UserValue:
         """The value in ``slot``, which this reader holds; released on error, or when copied."""
         words = self._words
         try:
@@ -416,7 +422,7 @@ class ShmReader(ChannelReader):
         self._detached = True
         self._slots.drop()
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         return (open_shm, (self._handle,))
 
 
@@ -453,12 +459,14 @@ class FastShmWriter(ShmWriter):
         super().__init__(handle)
         self._core = _core(handle, self._control, self._slots)
 
-    def write(self, value: Any, timeout: float | None = None, forward_from: Any = ()) -> Any:
+    def write(self, value: UserValue, timeout: float | None = None,
+              forward_from: Sequence[ChannelReader] = ()) -> ChannelReader | None:
         if self._core.write(value, timeout) is not None:  # MISS: Python finishes (and forwards)
             return self._write_missed(value, timeout, forward_from)
         return None
 
-    def _write_missed(self, value: Any, timeout: float | None, forward_from: Any) -> Any:
+    def _write_missed(self, value: UserValue, timeout: float | None,
+                      forward_from: Sequence[ChannelReader]) -> ChannelReader | None:
         assert fastpath is not None  # a Fast endpoint has a C core
         if self._core.status == fastpath.WAIT_FAILED:
             raise _wait_failed(self._handle, self._control, "write to", timeout)
@@ -477,7 +485,7 @@ class FastShmReader(ShmReader):
         self._core = _core(handle, self._control, self._slots)
         self.release = self._core.release  # type: ignore[method-assign]  # C, no frame
 
-    def read(self, timeout: float | None = None, copy: bool = False) -> Any:
+    def read(self, timeout: float | None = None, copy: bool = False) -> UserValue:
         if self._upstream is not None:  # the last value was forwarded: give its origin back too
             self._give_upstream()
         value = self._core.read(timeout, copy)
@@ -485,7 +493,7 @@ class FastShmReader(ShmReader):
             return self._read_missed(timeout, copy)
         return value
 
-    def _decode(self, slot: int, copy: bool) -> Any:
+    def _decode(self, slot: int, copy: bool) -> UserValue:
         value = super()._decode(slot, copy)
         if self._upstream is not None:  # a forwarded value: release gives both slots back
             self.release = self._release_both  # type: ignore[method-assign]
@@ -511,7 +519,7 @@ class FastShmReader(ShmReader):
         else:
             self._core.forget()
 
-    def _read_missed(self, timeout: float | None, copy: bool) -> Any:
+    def _read_missed(self, timeout: float | None, copy: bool) -> UserValue:
         status = self._core.status
         assert fastpath is not None  # a Fast endpoint has a C core
         if status == fastpath.DECODE:  # the core took the value and holds its slot
@@ -526,7 +534,7 @@ class FastShmReader(ShmReader):
         super().detach()
 
 
-def _core(handle: ShmHandle, control: _Control, slots: _SlotMaps) -> Any:
+def _core(handle: ShmHandle, control: _Control, slots: _SlotMaps) -> Endpoint:
     assert fastpath is not None  # only FASTPATH endpoints have a C core
     return fastpath.Endpoint(
         control.words,

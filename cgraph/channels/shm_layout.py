@@ -5,11 +5,25 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from cgraph.channels.segments import SHM_DIR, create_segment, open_segment, unlink_quietly
 from cgraph.channels.semaphore import Semaphore
 from cgraph.errors import ChannelClosedError
+
+if TYPE_CHECKING:
+
+    class Layout(Protocol):
+        """What the segments are laid out by: a channel's ``ShmHandle`` (shm_channel.py)."""
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def num_readers(self) -> int: ...
+        @property
+        def max_inflight(self) -> int: ...
+        @property
+        def buffer_size(self) -> int: ...
 
 _PAGE = mmap.PAGESIZE
 _MAGIC = 0x4C4E484348504743  # "CGPHCHNL"
@@ -35,7 +49,7 @@ class _Control:
         self.max_inflight = max_inflight
 
     @classmethod
-    def open(cls, handle: Any) -> _Control:
+    def open(cls, handle: Layout) -> _Control:
         try:
             mm = open_segment(handle.name)
         except FileNotFoundError:
@@ -72,7 +86,7 @@ class _Control:
 class _SlotMaps:
     """This process's mappings of the slots' data segments, by generation."""
 
-    def __init__(self, handle: Any, control: _Control) -> None:
+    def __init__(self, handle: Layout, control: _Control) -> None:
         self._handle = handle
         self._words = control.words
         n = handle.max_inflight

@@ -19,7 +19,6 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from cgraph import _threads
 from cgraph.channels.handshake import (
@@ -100,7 +99,7 @@ class Endpoint:
             if sock is not None:
                 sock.close()
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self._handle,))  # opens it again where unpickled
 
     def _poll_control(self) -> bool:

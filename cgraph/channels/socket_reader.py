@@ -38,7 +38,8 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cgraph import _threads
 from cgraph.channels.base import ChannelReader
@@ -55,6 +56,9 @@ from cgraph.channels.shm_channel import ShmWriter
 from cgraph.channels.socket_endpoint import POLL_S, Endpoint, SocketHandle
 from cgraph.channels.tls import WOULD_BLOCK, half_close, send_flags
 from cgraph.errors import ChannelClosedError
+
+if TYPE_CHECKING:
+    from cgraph._boundary import UserValue
 
 FRAME = struct.Struct("<Q")  # value size in bytes, then that many bytes of slot layout
 MAX_PENDING = 16  # handshakes in progress on one listener
@@ -75,7 +79,7 @@ class SocketReader(Endpoint, ChannelReader):
         self._sink = sink  # relay: values land in this shared-memory channel's slots
         self._held = 0  # relay: a slot reserved for the next value
         self.refusals = RefusalLog(f"socket channel {handle.name}")
-        self._arrived: collections.deque[Any] = collections.deque()
+        self._arrived: collections.deque[bytearray | mmap.mmap] = collections.deque()
         self._arrival = threading.Condition()
         self._ended: BaseException | None = None  # how the writer's stream ended
         host = self._ctl.getsockname()[0]  # the address this host reaches the owner from
@@ -93,7 +97,7 @@ class SocketReader(Endpoint, ChannelReader):
             pass  # refused or gone: the receiving thread finds the channel closed
         self._pump = _threads.start(self._receive, f"cgraph-recv-{handle.name}")
 
-    def read(self, timeout: float | None = None, copy: bool = False) -> Any:
+    def read(self, timeout: float | None = None, copy: bool = False) -> UserValue:
         """The next value, received whole into private memory (``copy`` changes nothing)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._arrival:
@@ -238,7 +242,8 @@ class SocketReader(Endpoint, ChannelReader):
         wait = max(0.0, min(POLL_S, soonest - time.monotonic()))
         return [fd for fd, _ in poller.poll(int(wait * 1000) + 1) if fd != self._ctl.fileno()]
 
-    def _accept_all(self, listener: socket.socket, pending: dict[int, Admission], lookup: Any) -> None:
+    def _accept_all(self, listener: socket.socket, pending: dict[int, Admission],
+                    lookup: Callable[[bytes], bytes | None]) -> None:
         while True:
             try:
                 sock, peer = listener.accept()
@@ -307,7 +312,7 @@ class SocketReader(Endpoint, ChannelReader):
             self._midframe = True
 
 
-def _private(size: int) -> Any:
+def _private(size: int) -> bytearray | mmap.mmap:
     """Memory for one value: its pages come as bytes arrive (a bytearray zero-fills, and
     so commits, all of them at once)."""
     if size < _LAZY_BYTES:

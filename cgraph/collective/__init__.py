@@ -19,7 +19,7 @@ docs/collective.md.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cgraph.comm.types import ReduceOp
 
@@ -125,7 +125,7 @@ Raises:
 """
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _DAG_OPS:
         value = getattr(importlib.import_module("cgraph.collective.dag_ops"), name)
     elif name in _API or name in _TUNING:

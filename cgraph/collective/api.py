@@ -32,7 +32,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from cgraph import _spans
 from cgraph.collective import groups
@@ -43,6 +43,10 @@ from cgraph.comm.tensor_views import working
 from cgraph.comm.tuning import autotune, cost_model
 from cgraph.comm.tuning.cost_model import CostParams
 from cgraph.comm.types import ReduceOp
+
+if TYPE_CHECKING:
+    from cgraph._boundary import ActorHandle
+    from cgraph.collective.arguments import Tensor
 
 
 # --------------------------------------------------------------------------- groups
@@ -66,7 +70,7 @@ def init_collective_group(world_size: int, rank: int, backend: str = "cpu",
     groups.init(world_size, rank, backend, group_name, timeout_s)
 
 
-def declare_collective_group(actors: Sequence[Any], world_size: int, ranks: Sequence[int],
+def declare_collective_group(actors: Sequence[ActorHandle], world_size: int, ranks: Sequence[int],
                              backend: str = "cpu", group_name: str = "default",
                              timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Declare a group from the driver: actor ``actors[i]`` gets rank ``ranks[i]``.
@@ -165,7 +169,7 @@ def gloo_available() -> bool:
 
 
 # --------------------------------------------------------------------------- collectives
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def _recorded(fn: F) -> F:
@@ -174,7 +178,7 @@ def _recorded(fn: F) -> F:
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: object, **kwargs: object) -> object:
         add = _spans.sink()
         if add is None:
             return fn(*args, **kwargs)
@@ -191,7 +195,7 @@ def _recorded(fn: F) -> F:
 
 
 @_recorded
-def allreduce(tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM,
+def allreduce(tensor: Tensor, group_name: str = "default", op: ReduceOp | str = ReduceOp.SUM,
               algorithm: str = "auto") -> None:
     """Reduce ``tensor`` over the group, in place on every rank.
 
@@ -217,8 +221,8 @@ def allreduce(tensor: Any, group_name: str = "default", op: Any = ReduceOp.SUM,
 
 
 @_recorded
-def reduce(tensor: Any, dst_rank: int = 0, group_name: str = "default",
-           op: Any = ReduceOp.SUM) -> None:
+def reduce(tensor: Tensor, dst_rank: int = 0, group_name: str = "default",
+           op: ReduceOp | str = ReduceOp.SUM) -> None:
     """Reduce ``tensor`` over the group into ``dst_rank``'s tensor (others keep theirs).
 
     Args:
@@ -240,7 +244,7 @@ def reduce(tensor: Any, dst_rank: int = 0, group_name: str = "default",
 
 
 @_recorded
-def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> None:
+def broadcast(tensor: Tensor, src_rank: int = 0, group_name: str = "default") -> None:
     """Copy ``src_rank``'s ``tensor`` into every rank's ``tensor``.
 
     Args:
@@ -259,7 +263,7 @@ def broadcast(tensor: Any, src_rank: int = 0, group_name: str = "default") -> No
 
 
 @_recorded
-def allgather(tensor_list: list[Any], tensor: Any, group_name: str = "default",
+def allgather(tensor_list: list[Tensor], tensor: Tensor, group_name: str = "default",
               algorithm: str = "auto") -> None:
     """Fill ``tensor_list[r]`` with rank r's ``tensor`` on every rank.
 
@@ -287,8 +291,8 @@ def allgather(tensor_list: list[Any], tensor: Any, group_name: str = "default",
 
 
 @_recorded
-def reducescatter(tensor: Any, tensor_list: list[Any], group_name: str = "default",
-                  op: Any = ReduceOp.SUM, algorithm: str = "auto") -> None:
+def reducescatter(tensor: Tensor, tensor_list: list[Tensor], group_name: str = "default",
+                  op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
     """``tensor`` = the reduction over ranks of their ``tensor_list[rank]``.
 
     Args:
@@ -315,7 +319,7 @@ def reducescatter(tensor: Any, tensor_list: list[Any], group_name: str = "defaul
 
 
 @_recorded
-def send(tensor: Any, dst_rank: int, group_name: str = "default") -> None:
+def send(tensor: Tensor, dst_rank: int, group_name: str = "default") -> None:
     """Send ``tensor`` to ``dst_rank``, which must ``recv`` a tensor of the same dtype and shape.
 
     Args:
@@ -334,7 +338,7 @@ def send(tensor: Any, dst_rank: int, group_name: str = "default") -> None:
 
 
 @_recorded
-def recv(tensor: Any, src_rank: int, group_name: str = "default") -> None:
+def recv(tensor: Tensor, src_rank: int, group_name: str = "default") -> None:
     """Fill ``tensor`` with the next tensor ``src_rank`` sends to this rank.
 
     Args:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, SupportsIndex, cast
 
 from cgraph.collective import groups
 from cgraph.comm import kinds
@@ -18,8 +18,20 @@ from cgraph.comm.tuning.autotune import TunedComm
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveGroupError
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
 
-def as_op(op: Any) -> ReduceOp:
+    import numpy as np
+    import torch
+
+    from cgraph._boundary import UserValue
+
+    Tensor: TypeAlias = torch.Tensor | np.ndarray
+    """What the collective API takes: a torch tensor or a numpy array (or a cupy array: cupy
+    is untyped, so no name of it is needed here)."""
+
+
+def as_op(op: object) -> ReduceOp:
     """``op`` as a ReduceOp: a member, its name in any case, or Ray's ``ReduceOp``."""
     if isinstance(op, ReduceOp):
         return op
@@ -33,7 +45,7 @@ _NUMERIC_KINDS = frozenset("biufc")
 """numpy dtype kinds a reduction takes: bool, signed and unsigned integers, floats, complex."""
 
 
-def reduce_op(group: groups.Group, tensor: Any, op: object, call: str) -> ReduceOp:
+def reduce_op(group: groups.Group, tensor: Tensor, op: object, call: str) -> ReduceOp:
     """``op`` as a ReduceOp, once ``tensor``'s dtype is known to reduce with it.
 
     Checked before anything is sent: ranks holding the same dtype all refuse
@@ -56,7 +68,7 @@ def reduce_op(group: groups.Group, tensor: Any, op: object, call: str) -> Reduce
     return op
 
 
-def check_peer(group: groups.Group, peer: Any, what: str, other: bool = False) -> int:
+def check_peer(group: groups.Group, peer: SupportsIndex, what: str, other: bool = False) -> int:
     """``peer`` as an int (numpy integers welcome) once it names another rank of ``group``."""
     try:
         rank = operator.index(peer)
@@ -70,7 +82,7 @@ def check_peer(group: groups.Group, peer: Any, what: str, other: bool = False) -
     return rank
 
 
-def check_parts(group: groups.Group, parts: Sequence[Any], tensor: Any, call: str, what: str) -> None:
+def check_parts(group: groups.Group, parts: Sequence[Tensor], tensor: Tensor, call: str, what: str) -> None:
     """``parts`` holds ``world_size`` tensors of ``tensor``'s shape and dtype (else ValueError)."""
     shape, dtype = tuple(tensor.shape), dtype_name(tensor)
     if len(parts) != group.world_size or any(tuple(t.shape) != shape for t in parts):
@@ -84,7 +96,7 @@ def check_parts(group: groups.Group, parts: Sequence[Any], tensor: Any, call: st
             f"{dtype}, got {[dtype_name(t) for t in parts]} (nothing is cast)")
 
 
-def dtype_name(tensor: Any) -> str:
+def dtype_name(tensor: Tensor) -> str:
     """``float32`` for numpy, cupy and torch alike."""
     return str(tensor.dtype).removeprefix("torch.")
 
@@ -100,7 +112,7 @@ def tuned_comm(group_name: str, call: str) -> TunedComm:
 
 
 @contextlib.contextmanager
-def all_working(tensors: Sequence[Any], row: kinds.Kind, write: bool = True) -> Iterator[list[Any]]:
+def all_working(tensors: Sequence[Tensor], row: kinds.Kind, write: bool = True) -> Iterator[list[UserValue]]:
     """``working`` for every tensor of a list at once."""
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(working(t, row.tensor, row.device, write)) for t in tensors]

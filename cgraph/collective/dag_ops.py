@@ -22,12 +22,20 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from cgraph.comm.algorithms import ALGORITHMS
 from cgraph.comm.communicator import as_reduce_op
 from cgraph.comm.types import ReduceOp
 from cgraph.errors import DAGValidationError
+
+if TYPE_CHECKING:
+    from ray.dag import DAGNode
+    from ray.experimental.channel.communicator import Communicator as RayCommunicator
+
+    from cgraph.comm.communicator import Communicator
+    from cgraph.dag.collective_node import CollectiveOutput
 
 AVG = "avg"
 """Ray's ``ReduceOp.AVG`` as a collective node's op: the sum over the members, divided by their count."""
@@ -46,14 +54,15 @@ class _Collective:
 
     name = ""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         """The imperative collective of ``cgraph.collective.api`` (inside an actor)."""
         return getattr(importlib.import_module("cgraph.collective.api"), self.name)(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"cgraph.collective.{self.name}"
 
-    def _bind(self, nodes: Any, options: dict[str, Any], transport: Any = None) -> list[Any]:
+    def _bind(self, nodes: Sequence[DAGNode], options: Mapping[str, object],
+              transport: str | Communicator | RayCommunicator | None = None) -> list[CollectiveOutput]:
         from cgraph.dag import TorchTensorType, with_type_hint
         from cgraph.dag.adapter_collective import bind_collective
 
@@ -63,7 +72,7 @@ class _Collective:
             with_type_hint(outputs[0].collective, TorchTensorType(transport=comm))
         return outputs
 
-    def _op(self, op: Any) -> str:
+    def _op(self, op: ReduceOp | str) -> str:
         if str(getattr(op, "name", op)).lower() == AVG:  # Ray's ReduceOp.AVG: a SUM, then / members
             return AVG
         try:
@@ -76,7 +85,7 @@ class _Collective:
                 f"pass op=cgraph.collective.ReduceOp.SUM (or one of {[o.value for o in ReduceOp]}, or \"avg\")",
             ) from None
 
-    def _transport(self, transport: Any) -> Any:
+    def _transport(self, transport: object) -> Communicator | RayCommunicator | None:
         """Ray's ``transport=``: None, "nccl" or "accelerator" (NCCL where every member has a
         GPU, as in Ray; on CPU actors the compile's communicator), or a communicator object
         (``cgraph.Communicator``, or a subclass of Ray's ``Communicator``), returned: this
@@ -105,8 +114,8 @@ class AllReduce(_Collective):
 
     name = "allreduce"
 
-    def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM, algorithm: str = AUTO,
-             transport: Any = None) -> list[Any]:
+    def bind(self, nodes: Sequence[DAGNode], *, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = AUTO,
+             transport: str | Communicator | RayCommunicator | None = None) -> list[CollectiveOutput]:
         """Every member gets ``op`` over all members' tensors (same shape and dtype on each).
 
         Args:
@@ -144,7 +153,8 @@ class AllGather(_Collective):
 
     name = "allgather"
 
-    def bind(self, nodes: Any, *, transport: Any = None) -> list[Any]:
+    def bind(self, nodes: Sequence[DAGNode], *,
+             transport: str | Communicator | RayCommunicator | None = None) -> list[CollectiveOutput]:
         """Every member gets all members' tensors concatenated along dim 0, in member order.
 
         Args:
@@ -167,7 +177,8 @@ class ReduceScatter(_Collective):
 
     name = "reducescatter"
 
-    def bind(self, nodes: Any, *, op: Any = ReduceOp.SUM, transport: Any = None) -> list[Any]:
+    def bind(self, nodes: Sequence[DAGNode], *, op: ReduceOp | str = ReduceOp.SUM,
+             transport: str | Communicator | RayCommunicator | None = None) -> list[CollectiveOutput]:
         """Member i gets slice i (along dim 0, in equal parts) of ``op`` over all members' tensors.
 
         Args:

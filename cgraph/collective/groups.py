@@ -22,10 +22,10 @@ import contextlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import ray
 
+from cgraph._boundary import ActorHandle
 from cgraph.comm import rendezvous, teams
 from cgraph.comm.communicator import Communicator
 from cgraph.comm.kinds import Kind, backend
@@ -47,7 +47,7 @@ class Group:
     name: str
     backend: Kind
     comm: Communicator
-    store: Any = None  # the store actor (None for teams)
+    store: ActorHandle | None = None  # the store actor (None for teams)
     parent: str | None = None
     teams: list[str] = field(default_factory=list)
 
@@ -83,7 +83,7 @@ def init(world_size: int, rank: int, backend_name: str, name: str, timeout_s: fl
         return _join(store, spec, rank)
 
 
-def declare(actors: Sequence[Any], world_size: int, ranks: Sequence[int], backend_name: str,
+def declare(actors: Sequence[ActorHandle], world_size: int, ranks: Sequence[int], backend_name: str,
             name: str, timeout_s: float) -> None:
     """Record the membership of ``actors`` in a new store (on the driver)."""
     row = _usable_backend(backend_name, check_here=False)
@@ -110,7 +110,7 @@ def _destroy_declared() -> None:
                 _destroy_from_outside(name)
 
 
-def _join(store: Any, spec: GroupSpec, rank: int) -> Group:
+def _join(store: ActorHandle, spec: GroupSpec, rank: int) -> Group:
     node = ray.get_runtime_context().get_node_id()
     reply = rendezvous.call(store, "join", rank, spec.world_size, spec.backend, node,
                             spec.timeout_s, group=spec.name)
@@ -219,7 +219,7 @@ def lookup(name: str) -> Group:
         "declare_collective_group(actors, ...) on the driver first", name)
 
 
-def _declared_rank(name: str) -> tuple[Any, GroupSpec, int] | None:
+def _declared_rank(name: str) -> tuple[ActorHandle, GroupSpec, int] | None:
     """(store, spec, rank) of a group the driver declared with this actor as a member;
     None if there is none, or it is the very group this process destroyed."""
     if not ray.is_initialized():

@@ -64,14 +64,15 @@ cgraph allocates a buffer and calls ``recv``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from cgraph.comm.types import TORCH_FN, ReduceOp
 
 if TYPE_CHECKING:
     import torch
 
+    from cgraph._boundary import TorchObject
     from cgraph.comm.teams import Team
 
 REQUIRED = ("initialize", "send", "recv", "allreduce", "allgather", "reducescatter",
@@ -102,13 +103,21 @@ def reduce_into(op: ReduceOp, acc: torch.Tensor, other: torch.Tensor) -> None:
     getattr(torch, TORCH_FN[op])(acc, other, out=acc)
 
 
-def view_receiver(comm: Any) -> Callable[[tuple[int, ...], Any, int], tuple[Any, Any]] | None:
+class ViewLease(Protocol):
+    """What ``recv_view`` returns with its tensor: the view is valid until ``release()``."""
+
+    def release(self) -> None: ...
+
+
+def view_receiver(
+    comm: Communicator,
+) -> Callable[[tuple[int, ...], torch.dtype, int], tuple[torch.Tensor, ViewLease]] | None:
     """``comm.recv_view`` (the optional zero-copy receive, see the module docstring), or None."""
     fn = getattr(comm, "recv_view", None)
     return fn if callable(fn) else None
 
 
-def missing_methods(obj: Any) -> list[str]:
+def missing_methods(obj: object) -> list[str]:
     """The interface methods ``obj`` lacks (empty for a usable communicator)."""
     return [name for name in REQUIRED if not callable(getattr(obj, name, None))]
 
@@ -160,7 +169,7 @@ class Communicator(ABC):
         return torch.device("cpu")
 
     @property
-    def stream(self) -> Any:
+    def stream(self) -> TorchObject:
         """The ``torch.cuda.Stream`` calls are enqueued on; ``None`` when calls block."""
         return None
 
@@ -312,6 +321,6 @@ def only_auto(comm: Communicator, what: str, algorithm: str) -> None:
                          f"algorithm={algorithm!r}, use 'auto'")
 
 
-def _check_parts(parts: Any, world_size: int, what: str) -> None:
+def _check_parts(parts: Sequence[torch.Tensor], world_size: int, what: str) -> None:
     if len(parts) != world_size:
         raise ValueError(f"{what}: got {len(parts)} tensors for a group of {world_size} ranks")

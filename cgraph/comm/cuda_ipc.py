@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from cgraph.channels.opener import open_endpoint
 from cgraph.channels.shm_channel import ShmChannel
@@ -59,7 +59,15 @@ from cgraph.comm.cpu.mesh import LinkEnds, create_links
 from cgraph.errors import ChannelClosedError
 
 if TYPE_CHECKING:
+    from typing import TypeVar
+
     import torch
+
+    from cgraph._boundary import TorchObject
+    from cgraph.channels.base import ChannelReader, ChannelWriter
+    from cgraph.channels.shm_channel import ShmHandle
+
+    End = TypeVar("End", ChannelWriter, ChannelReader)  # a link's end: writer or reader
 
 
 def create_ipc_links(tag: str, name: str, world_size: int) -> tuple[list[ShmChannel], list[tuple[LinkEnds, LinkEnds]]]:
@@ -84,12 +92,12 @@ class CudaOps:
             raise RuntimeError("the CUDA IPC communicator needs a GPU in every member actor")
         self.device = torch.device("cuda", torch.cuda.current_device())
 
-    def new_stream(self) -> Any:
+    def new_stream(self) -> TorchObject:
         import torch
 
         return torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]  # unannotated in torch
 
-    def enter(self, stream: Any) -> Any:
+    def enter(self, stream: TorchObject) -> TorchObject:
         """The caller's current stream, after making ``stream`` wait for the work queued
         on it so far: the caller's writes to (and allocations of) the tensors of the op."""
         import torch
@@ -98,12 +106,12 @@ class CudaOps:
         stream.wait_stream(caller)
         return caller
 
-    def leave(self, stream: Any, caller: Any) -> None:
+    def leave(self, stream: TorchObject, caller: TorchObject) -> None:
         """The caller's stream waits for ``stream``'s queued work: what the op wrote is
         ready for it, and it may overwrite what the op still read."""
         caller.wait_stream(stream)
 
-    def on(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+    def on(self, stream: TorchObject) -> contextlib.AbstractContextManager[object]:
         """Work queued in the block runs on ``stream``, on this communicator's device."""
         import torch
 
@@ -115,42 +123,42 @@ class CudaOps:
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().to(self.device).contiguous()
 
-    def export(self, tensor: torch.Tensor) -> Any:
+    def export(self, tensor: torch.Tensor) -> TorchObject:
         """What another process needs to map ``tensor`` (handle and producer event)."""
         from torch.multiprocessing.reductions import reduce_tensor
 
         return reduce_tensor(tensor)[1]  # type: ignore[no-untyped-call]  # unannotated in torch
 
-    def import_(self, args: Any) -> torch.Tensor:
+    def import_(self, args: TorchObject) -> torch.Tensor:
         """The sender's tensor, mapped; the current stream waits for its producer event."""
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
         return rebuild_cuda_tensor(*args)  # type: ignore[no-untyped-call, no-any-return]  # unannotated in torch
 
-    def new_shared_event(self) -> Any:
+    def new_shared_event(self) -> TorchObject:
         import torch
 
         return torch.cuda.Event(interprocess=True)  # type: ignore[no-untyped-call]  # unannotated in torch
 
-    def share(self, event: Any) -> bytes:
+    def share(self, event: TorchObject) -> bytes:
         return event.ipc_handle()  # type: ignore[no-any-return]
 
-    def open_event(self, handle: bytes) -> Any:
+    def open_event(self, handle: bytes) -> TorchObject:
         import torch
 
         return torch.cuda.Event.from_ipc_handle(self.device, handle)  # type: ignore[no-untyped-call]  # unannotated in torch
 
-    def record(self, event: Any, stream: Any) -> None:
+    def record(self, event: TorchObject, stream: TorchObject) -> None:
         event.record(stream)
 
-    def wait(self, stream: Any, event: Any) -> None:
+    def wait(self, stream: TorchObject, event: TorchObject) -> None:
         stream.wait_event(event)
 
-    def keep_for(self, tensor: torch.Tensor, stream: Any) -> None:
+    def keep_for(self, tensor: torch.Tensor, stream: TorchObject) -> None:
         """``tensor``'s memory is not reused before ``stream``'s queued work is done."""
         tensor.record_stream(stream)
 
-    def synchronize(self, stream: Any) -> None:
+    def synchronize(self, stream: TorchObject) -> None:
         stream.synchronize()
 
 
@@ -161,18 +169,18 @@ class CudaIpcCommunicator(Communicator):
         RuntimeError: CUDA is not available in this process.
     """
 
-    def __init__(self, ends: tuple[LinkEnds, LinkEnds], ops: Any = None) -> None:
+    def __init__(self, ends: tuple[LinkEnds, LinkEnds], ops: CudaOps | None = None) -> None:
         self._ops = ops if ops is not None else CudaOps()
         data, acks = ends
         self._rank, self._size = data.rank, data.world_size
         self._device = self._ops.device
         self._stream = self._ops.new_stream()
-        self._done: dict[int, Any] = {}  # per sending peer: the event we record, kept for our life
-        self._opened: dict[int, tuple[bytes, Any]] = {}  # per receiving peer: its done event, opened
-        self._out = _attach(data.out)
-        self._inp = _attach(data.inp)
-        self._ack_out = _attach(acks.out)
-        self._ack_inp = _attach(acks.inp)
+        self._done: dict[int, TorchObject] = {}  # per sending peer: the event we record, kept for our life
+        self._opened: dict[int, tuple[bytes, TorchObject]] = {}  # per receiving peer: its done event, opened
+        self._out = cast("list[ChannelWriter | None]", _attach(data.out))
+        self._inp = cast("list[ChannelReader | None]", _attach(data.inp))
+        self._ack_out = cast("list[ChannelWriter | None]", _attach(acks.out))
+        self._ack_inp = cast("list[ChannelReader | None]", _attach(acks.inp))
         self._lock = threading.Lock()
         self._closed = False
 
@@ -189,7 +197,7 @@ class CudaIpcCommunicator(Communicator):
         return self._device
 
     @property
-    def stream(self) -> Any:
+    def stream(self) -> TorchObject:
         return self._stream
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
@@ -198,7 +206,7 @@ class CudaIpcCommunicator(Communicator):
         with ops.on(self._stream):
             t = ops.to_device(tensor)
             self._link(self._out, dst).write(ops.export(t))
-            handle = _take(self._link(self._ack_inp, dst))
+            handle = cast(bytes, _take(self._link(self._ack_inp, dst)))  # an event's IPC handle
             ops.wait(self._stream, self._peer_event(dst, handle))
             ops.keep_for(t, self._stream)
         ops.leave(self._stream, caller)  # the caller may overwrite it once the peer has copied
@@ -229,7 +237,7 @@ class CudaIpcCommunicator(Communicator):
             ops.record(done, self._stream)
             self._link(self._ack_out, src).write(ops.share(done))
 
-    def _peer_event(self, peer: int, handle: bytes) -> Any:
+    def _peer_event(self, peer: int, handle: bytes) -> TorchObject:
         """``peer``'s done event for us, opened once (it keeps one per sender)."""
         opened = self._opened.get(peer)
         if opened is None or opened[0] != handle:
@@ -253,19 +261,19 @@ class CudaIpcCommunicator(Communicator):
             if end is not None:
                 end.detach()
 
-    def _link(self, ends: list[Any], peer: int) -> Any:
+    def _link(self, ends: list[End | None], peer: int) -> End:
         if self._closed:
             raise ChannelClosedError("the CUDA IPC communicator was destroyed")
         if not 0 <= peer < self._size or peer == self._rank:
             raise ValueError(f"rank {self._rank}: no peer {peer} in a group of {self._size}")
-        return ends[peer]
+        return cast("End", ends[peer])  # not this rank's: a link
 
 
-def _attach(handles: tuple[Any, ...]) -> list[Any]:
+def _attach(handles: tuple[ShmHandle | None, ...]) -> list[ChannelWriter | ChannelReader | None]:
     return [open_endpoint(h) if h is not None else None for h in handles]
 
 
-def _take(reader: Any) -> Any:
+def _take(reader: ChannelReader) -> object:
     """Read one small message, copy it out of the slot, free the slot."""
     try:
         return reader.read()  # plain objects (tuples, bytes) are unpickled: already a copy

@@ -25,22 +25,56 @@ import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
+from cgraph._boundary import ActorHandle, UserValue
 from cgraph.comm.communicator import missing_methods
 from cgraph.errors import ChannelClosedError, CompileError
+
+if TYPE_CHECKING:
+    from dataclasses import Field
+    from typing import ClassVar, Protocol, TypeVar
+
+    class Member(Protocol):
+        """What this module reads of a ``comm.kinds.GroupEndpoint`` (kinds imports this module),
+        a dataclass (``replace``)."""
+
+        __dataclass_fields__: ClassVar[dict[str, Field[object]]]
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def kind(self) -> str: ...
+        @property
+        def rank(self) -> int: ...
+        @property
+        def world_size(self) -> int: ...
+        @property
+        def ready(self) -> bool: ...
+        @property
+        def payload(self) -> UserValue: ...  # a "custom" group's: the user's communicator object
+
+    M = TypeVar("M", bound=Member)
+
+    class Program(Protocol[M]):
+        """What this module reads of a ``runtime.communicators.CommProgram`` (a layer above)."""
+
+        @property
+        def groups(self) -> dict[str, M]: ...
+
 
 INIT_TIMEOUT_S = 60.0
 """How long compile waits for every member's ``initialize`` (the graph's ``get_timeout``
 if longer: a short one is for results, not for connecting)."""
 
-READY: dict[tuple[str, int], Any] = {}
+READY: dict[tuple[str, int], UserValue] = {}
 """In an actor process: communicators initialized at compile, until the loop takes them."""
 
 
 def initialize_custom(
-    handles: Mapping[str, Any], programs: Mapping[str, Any], labels: Mapping[str, str], timeout: float | None,
-) -> list[tuple[Any, tuple[str, int]]]:
+    handles: Mapping[str, ActorHandle], programs: Mapping[str, Program[M]], labels: Mapping[str, str],
+    timeout: float | None,
+) -> list[tuple[ActorHandle, tuple[str, int]]]:
     """Run ``initialize`` of every user communicator in its member actors (Ray actors only),
     and mark their ``GroupEndpoint`` s of ``programs`` (actor -> ``CommProgram``) ``ready``.
 
@@ -86,14 +120,14 @@ def initialize_custom(
     return made
 
 
-def drop(made: list[tuple[Any, tuple[str, int]]]) -> None:
+def drop(made: list[tuple[ActorHandle, tuple[str, int]]]) -> None:
     """Destroy, in their actors, the communicators no loop took (the calls are not waited for)."""
     for handle, key in made:
         with contextlib.suppress(Exception):  # after ray.shutdown(), a dead actor: nothing to drop
             handle.__ray_call__.remote(_drop, key)
 
 
-def copy_for_group(obj: Any, n: int) -> list[Any]:
+def copy_for_group(obj: object, n: int) -> list[UserValue]:
     """Every rank's payload: a copy of ``obj`` for this group alone (an actor in two groups
     of one object, an edge's and a collective's, would otherwise unpickle one object for
     both and initialize it twice)."""
@@ -102,7 +136,7 @@ def copy_for_group(obj: Any, n: int) -> list[Any]:
     return [cloudpickle.loads(cloudpickle.dumps(obj))] * n  # type: ignore[no-untyped-call]  # unannotated in Ray
 
 
-def as_cgraph(name: str, obj: Any, members: tuple[str, ...], handles: Mapping[str, Any]) -> Any:
+def as_cgraph(name: str, obj: object, members: tuple[str, ...], handles: Mapping[str, ActorHandle]) -> object:
     """A user's communicator as cgraph runs it, checked: a subclass of Ray's ``Communicator``
     is wrapped (``RayCommunicator``: its ranks read here, from the members' handles).
 
@@ -123,7 +157,7 @@ def as_cgraph(name: str, obj: Any, members: tuple[str, ...], handles: Mapping[st
     return obj
 
 
-def _check(name: str, obj: Any) -> None:
+def _check(name: str, obj: object) -> None:
     missing = missing_methods(obj)
     if missing:
         raise CompileError(
@@ -143,7 +177,7 @@ def _check(name: str, obj: Any) -> None:
         ) from exc
 
 
-def open_custom(group: Any) -> Any:
+def open_custom(group: Member) -> UserValue:
     """``Kind.open`` of "custom": this actor's communicator of ``group``, initialized at compile
     (without Ray handles, in-process tests, it is initialized here).
 
@@ -159,13 +193,13 @@ def open_custom(group: Any) -> Any:
     return comm
 
 
-def _initialize(_actor: Any, group: Any) -> None:
+def _initialize(_actor: object, group: Member) -> None:
     comm = group.payload  # this call's own unpickled copy
     comm.initialize(group.rank, group.world_size, group.name)
     READY[(group.name, group.rank)] = comm
 
 
-def _drop(_actor: Any, key: tuple[str, int]) -> None:
+def _drop(_actor: object, key: tuple[str, int]) -> None:
     comm = READY.pop(key, None)
     if comm is not None:
         with contextlib.suppress(Exception):

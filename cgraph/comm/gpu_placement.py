@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 
-def placement(_self: Any = None) -> tuple[str, tuple[str, ...]]:
+def placement(_self: object = None) -> tuple[str, tuple[str, ...]]:
     """In an actor: its node id and the GPU ids Ray assigned it (``__ray_call__`` target)."""
     import ray
 

@@ -21,14 +21,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
+from cgraph._boundary import ActorHandle, UserValue
 from cgraph.comm.communicator import Communicator
 from cgraph.comm.gpu_placement import bind_assigned_gpu
 from cgraph.comm.torch.process_group import backend_available
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from cgraph.channels.shm_channel import ShmChannel, ShmHandle
+    from cgraph.channels.socket_endpoint import SocketHandle
+    from cgraph.comm.cpu.mesh import LinkEnds
     from cgraph.comm.rendezvous import Hooks, Membership
+    from cgraph.comm.torch.process_group import StoreRendezvous
+
+    Payload: TypeAlias = "LinkEnds | tuple[LinkEnds, LinkEnds] | StoreRendezvous | UserValue"
+    """A member's part of a group, by kind: cpu its link ends, cuda_ipc its (data, acks) ends,
+    gloo/nccl the rendezvous, custom its copy of the user's communicator object."""
 
 
 @dataclass(frozen=True)
@@ -39,20 +50,22 @@ class GroupEndpoint:
     kind: str  # a key of KINDS
     rank: int
     world_size: int
-    payload: Any  # kind-specific: link ends, a rendezvous, the user's object
-    control: Any = None  # a reader handle closed to abort the group (shm: any member may; socket: the driver)
+    payload: Payload  # kind-specific: link ends, a rendezvous, the user's object
+    control: ShmHandle | SocketHandle | None = None  # a reader handle closed to abort the group (shm: any member may; socket: the driver)
     nodes: tuple[str, ...] = ()  # each member's Ray node ("" for the driver's), by rank
     ready: bool = False  # a user communicator initialized at compile (``comm.custom``)
-    board: Any = None  # this member's end of the group's fault board (``runtime.comm_faults``; one node only)
+    # this member's end of the group's fault board (``runtime.comm_faults``; one node only): a
+    # ``BoardHandle`` of the layer above, which this layer carries without looking inside
+    board: UserValue = None
 
 
 @dataclass
 class Made:
     """What the driver made for one group: a payload per rank, and what to release at teardown."""
 
-    payloads: list[Any]
-    channels: list[Any] = field(default_factory=list)  # shm links: close, then unlink
-    keep_alive: list[Any] = field(default_factory=list)  # store actors serving the rendezvous
+    payloads: list[Payload]
+    channels: list[ShmChannel] = field(default_factory=list)  # shm links: close, then unlink
+    keep_alive: list[ActorHandle] = field(default_factory=list)  # store actors serving the rendezvous
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,27 +76,27 @@ class Kind:
     tensor: str  # "numpy" or "torch": what its Communicator takes (API)
     device: str  # "cpu" or "cuda": where torch tensors must live
     available: Callable[[], bool]  # whether this process can run it
-    make: Callable[[str, str, int, Any, float | None], Made]  # graph, on the driver: (tag, group, n, obj, timeout)
+    make: Callable[[str, str, int, object, float | None], Made]  # graph, on the driver: (tag, group, n, obj, timeout)
     open: Callable[[GroupEndpoint], Communicator]  # graph, in the member actor
     connect: Callable[[Membership, Hooks], Communicator] | None = None  # API backend, in the rank's process
 
 
 # --------------------------------------------------------------------------- made on the driver
-def _make_cpu(tag: str, name: str, n: int, obj: Any, timeout: float | None) -> Made:
+def _make_cpu(tag: str, name: str, n: int, obj: object, timeout: float | None) -> Made:
     from cgraph.comm.cpu.mesh import create_links
 
     channels, ends = create_links(tag, name, n)
     return Made(list(ends), list(channels))
 
 
-def _make_ipc(tag: str, name: str, n: int, obj: Any, timeout: float | None) -> Made:
+def _make_ipc(tag: str, name: str, n: int, obj: object, timeout: float | None) -> Made:
     from cgraph.comm.cuda_ipc import create_ipc_links
 
     channels, ends = create_ipc_links(tag, name, n)
     return Made(list(ends), list(channels))
 
 
-def _make_store(tag: str, name: str, n: int, obj: Any, timeout: float | None) -> Made:
+def _make_store(tag: str, name: str, n: int, obj: object, timeout: float | None) -> Made:
     """A rendezvous riding on a store actor; it waits ``timeout`` (None: its default) for every rank."""
     from cgraph.comm.torch.process_group import StoreRendezvous
 
@@ -92,7 +105,7 @@ def _make_store(tag: str, name: str, n: int, obj: Any, timeout: float | None) ->
     return Made([rendezvous] * n, keep_alive=[store])
 
 
-def _make_custom(tag: str, name: str, n: int, obj: Any, timeout: float | None) -> Made:
+def _make_custom(tag: str, name: str, n: int, obj: object, timeout: float | None) -> Made:
     from cgraph.comm.custom import copy_for_group
 
     return Made(copy_for_group(obj, n))
@@ -102,27 +115,27 @@ def _make_custom(tag: str, name: str, n: int, obj: Any, timeout: float | None) -
 def _open_cpu(g: GroupEndpoint) -> Communicator:
     from cgraph.comm.cpu.mesh import CpuCommunicator
 
-    return CpuCommunicator(g.payload)
+    return CpuCommunicator(cast("LinkEnds", g.payload))
 
 
 def _open_ipc(g: GroupEndpoint) -> Communicator:
     from cgraph.comm.cuda_ipc import CudaIpcCommunicator
 
     bind_assigned_gpu()
-    return CudaIpcCommunicator(g.payload)
+    return CudaIpcCommunicator(cast("tuple[LinkEnds, LinkEnds]", g.payload))
 
 
 def _open_nccl(g: GroupEndpoint) -> Communicator:
     from cgraph.comm.torch.process_group import ProcessGroupCommunicator
 
     bind_assigned_gpu()
-    return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "nccl")
+    return ProcessGroupCommunicator(cast("StoreRendezvous", g.payload), g.rank, g.world_size, "nccl")
 
 
 def _open_gloo(g: GroupEndpoint) -> Communicator:
     from cgraph.comm.torch.process_group import ProcessGroupCommunicator
 
-    return ProcessGroupCommunicator(g.payload, g.rank, g.world_size, "gloo", nodes=g.nodes)
+    return ProcessGroupCommunicator(cast("StoreRendezvous", g.payload), g.rank, g.world_size, "gloo", nodes=g.nodes)
 
 
 def _open_custom(g: GroupEndpoint) -> Communicator:

@@ -25,19 +25,23 @@ host memory): the front end reads a hint with a "cpu" communicator as host memor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from cgraph.comm.communicator import Communicator, as_reduce_op, only_auto, split_chunks
 from cgraph.comm.types import ReduceOp
 
 if TYPE_CHECKING:
     import torch
-
-
-def _ray_op(op: ReduceOp) -> Any:
+    from ray.experimental.channel.communicator import Communicator as RayBase
     from ray.experimental.util.types import ReduceOp as RayReduceOp
 
-    return getattr(RayReduceOp, op.name)
+    from cgraph._boundary import ActorHandle
+
+
+def _ray_op(op: ReduceOp) -> RayReduceOp:
+    from ray.experimental.util.types import ReduceOp as RayReduceOp
+
+    return cast(RayReduceOp, getattr(RayReduceOp, op.name))
 
 
 class RayCommunicator(Communicator):
@@ -48,7 +52,7 @@ class RayCommunicator(Communicator):
         ranks: for each of cgraph's ranks in this group, the member's rank in ``ray_comm``.
     """
 
-    def __init__(self, ray_comm: Any, ranks: tuple[int, ...]) -> None:
+    def __init__(self, ray_comm: RayBase, ranks: tuple[int, ...]) -> None:
         self.ray_comm = ray_comm
         self.ranks = ranks
         self._rank = -1
@@ -81,7 +85,7 @@ class RayCommunicator(Communicator):
         self.synchronize()  # Ray's send may return once queued: cgraph's callers expect it done
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
-        got = self.ray_comm.recv(tuple(tensor.shape), tensor.dtype, self.ranks[src],
+        got = self.ray_comm.recv(tuple(tensor.shape), tensor.dtype, self.ranks[src],  # type: ignore[arg-type]  # Ray's shape is Tuple[int]
                                  lambda shape, dtype: tensor)
         if got is not None and got is not tensor:
             tensor.copy_(got)
@@ -123,7 +127,7 @@ class RayCommunicator(Communicator):
         self.ray_comm.destroy()
 
 
-def ranks_of(ray_comm: Any, handles: list[Any], labels: list[str]) -> tuple[int, ...]:
+def ranks_of(ray_comm: RayBase, handles: list[ActorHandle], labels: list[str]) -> tuple[int, ...]:
     """Each member's rank in ``ray_comm`` (driver side), checking that the communicator joins
     exactly these actors: Ray initializes a communicator in all of its actors, cgraph in the
     graph's members that use it.

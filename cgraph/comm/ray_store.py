@@ -41,9 +41,15 @@ import contextlib
 import datetime
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
+
+from cgraph._boundary import ActorHandle, RayObject, TorchObject
+
+if TYPE_CHECKING:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from typing_extensions import Self
 
 RENDEZVOUS_TIMEOUT_S = 120.0
 """How long joining may take: starting the store actor, and (gloo, nccl) every rank
@@ -134,7 +140,7 @@ class KVStore:
 _KVActor = ray.remote(num_cpus=0, max_restarts=0)(KVStore)
 
 
-def on_this_node() -> dict[str, Any]:
+def on_this_node() -> dict[str, NodeAffinitySchedulingStrategy]:
     """Actor options that place it on the caller's Ray node."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -142,7 +148,7 @@ def on_this_node() -> dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
 
-def start_store_actor() -> Any:
+def start_store_actor() -> ActorHandle:
     """A new bare store actor on this node (for rendezvous outside a collective group).
 
     Returns:
@@ -159,13 +165,13 @@ class StoreClient:
     and ``deleteKey`` are the C++ names its trampoline looks up.
     """
 
-    def __init__(self, actor: Any, prefix: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, actor: ActorHandle, prefix: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         super().__init__()  # torch.distributed.Store's (pybind needs it called)
         self._actor, self._prefix = actor, prefix
-        self._kept: list[Any] = []  # clones handed to C++ (below)
+        self._kept: list[StoreClient] = []  # clones handed to C++ (below)
         self.set_timeout(datetime.timedelta(seconds=timeout_s))  # type: ignore[attr-defined]
 
-    def prefixed(self, prefix: str) -> Any:
+    def prefixed(self, prefix: str) -> Self:
         """A store on the same actor, with the same timeout, under a longer prefix.
 
         Args:
@@ -239,7 +245,7 @@ class StoreClient:
     deleteKey = delete_key  # noqa: N815 - the name torch's C++ trampoline calls
     getNumKeys = num_keys  # noqa: N815
 
-    def clone(self) -> Any:
+    def clone(self) -> Self:
         """Another client of the same keys (torch asks for one from C++)."""
         copy = type(self)(self._actor, self._prefix, self._timeout_s())
         # pybind drops the Python override of an object only C++ holds: keep it here
@@ -253,7 +259,7 @@ class StoreClient:
     def _timeout_s(self) -> float:
         return float(self.timeout.total_seconds())  # type: ignore[attr-defined]
 
-    def _call(self, method: str, *args: Any, wait_s: float | None = 0.0) -> Any:
+    def _call(self, method: str, *args: object, wait_s: float | None = 0.0) -> RayObject:
         """One Ray call to the actor; Ray's failures become the store errors torch expects.
         ``wait_s``: how long the actor itself may wait for keys (None: forever)."""
         # an actor still starting (or busy) gets the store's timeout even for quick calls
@@ -261,7 +267,7 @@ class StoreClient:
         return _resolve(getattr(self._actor, method).remote(*args), limit, method)
 
 
-def _resolve(ref: Any, timeout_s: float | None, method: str) -> Any:
+def _resolve(ref: RayObject, timeout_s: float | None, method: str) -> RayObject:
     """``ray.get`` with the store's errors (tests replace it to drive a local server)."""
     try:
         return ray.get(ref, timeout=timeout_s)
@@ -295,7 +301,7 @@ def _ray_store_class() -> type:
     return RayStore
 
 
-def connect_store(actor: Any, timeout_s: float = DEFAULT_TIMEOUT_S, prefix: str = "") -> Any:
+def connect_store(actor: ActorHandle, timeout_s: float = DEFAULT_TIMEOUT_S, prefix: str = "") -> TorchObject:
     """A ``RayStore`` client of the store actor ``actor``.
 
     Args:
@@ -310,7 +316,7 @@ def connect_store(actor: Any, timeout_s: float = DEFAULT_TIMEOUT_S, prefix: str 
     return _ray_store_class()(actor, prefix, timeout_s)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type:
     if name == "RayStore":  # made on first use: it imports torch
         return _ray_store_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -48,14 +48,19 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 
+from cgraph._boundary import ActorHandle, RayObject
 from cgraph._log import logger
 from cgraph.channels.segments import segment_name, unlink_channel
 from cgraph.comm.ray_store import RENDEZVOUS_TIMEOUT_S, KVStore, on_this_node
 from cgraph.errors import CollectiveGroupError, CollectiveTimeoutError
+
+if TYPE_CHECKING:
+    from cgraph.channels.shm_channel import ShmChannel
+    from cgraph.comm.cpu.mesh import LinkEnds
 
 STORE_PREFIX = "cgraph.collective:"
 SHM_TAG_PREFIX = "col."
@@ -82,10 +87,10 @@ class GroupSpec:
 class Reply:
     """A store answer: ``value`` on success, or ``error`` (a message) to raise at the caller."""
 
-    value: Any = None
+    value: int | Membership | None = None
     error: str | None = None
 
-    def unwrap(self, group: str, rank: int | None = None) -> Any:
+    def unwrap(self, group: str, rank: int | None = None) -> int | Membership | None:
         if self.error is not None:
             raise CollectiveGroupError(self.error, group, rank)
         return self.value
@@ -99,8 +104,8 @@ class Membership:
     rank: int
     node: str
     nonce: str
-    ends: Any = None  # cpu, on the store's node: this rank's ends of the store's mesh
-    store: Any = None  # the store actor's handle (its keys: ray_store.RayStore, cpu.layout)
+    ends: LinkEnds | None = None  # cpu, on the store's node: this rank's ends of the store's mesh
+    store: ActorHandle = None  # the store actor's handle (its keys: ray_store.RayStore, cpu.layout)
     secret: bytes = b""  # cpu: what its links between nodes prove they know
     arena: str = ""  # cpu, on the store's node: the base name of the node's shared workspace
 
@@ -119,8 +124,8 @@ class Hooks:
 class _State:
     joined: dict[int, str] = field(default_factory=dict)  # rank -> "pid@node"
     left: set[int] = field(default_factory=set)
-    channels: list[Any] = field(default_factory=list)
-    ends: list[Any] = field(default_factory=list)
+    channels: list[ShmChannel] = field(default_factory=list)
+    ends: list[LinkEnds] = field(default_factory=list)
     arena: str = ""  # the base name of the mesh's shared workspace
     abort: str | None = None
 
@@ -244,7 +249,7 @@ def _not_declared(spec: GroupSpec, imperative: bool) -> str:
 _StoreActor = ray.remote(num_cpus=0, max_restarts=0)(GroupStore)
 
 
-def create_store(spec: GroupSpec, *, exclusive: bool) -> Any:
+def create_store(spec: GroupSpec, *, exclusive: bool) -> ActorHandle:
     """The store of ``spec.name``, created on this node if absent.
 
     Args:
@@ -264,19 +269,19 @@ def create_store(spec: GroupSpec, *, exclusive: bool) -> Any:
     return store
 
 
-_HELD: dict[str, Any] = {}
+_HELD: dict[str, ActorHandle] = {}
 """The handle ``create_store`` returned, per group. Ray ends a non-detached actor
 when the process that created it drops the handle it got then (handles found by
 name do not count), so the creator of a store keeps it here, even after leaving
 the group, until the store is killed: the other members still need it."""
 
 
-def store_id(store: Any) -> str:
+def store_id(store: ActorHandle) -> str:
     """A store actor's id: a new group of the same name has a new one."""
     return str(store._actor_id.hex())
 
 
-def find_store(group: str) -> Any | None:
+def find_store(group: str) -> ActorHandle | None:
     """The store actor of ``group``, or None if there is none."""
     try:
         return ray.get_actor(store_name(group))
@@ -284,7 +289,7 @@ def find_store(group: str) -> Any | None:
         return None
 
 
-def store_alive(store: Any, timeout: float = RENDEZVOUS_TIMEOUT_S) -> bool:
+def store_alive(store: ActorHandle, timeout: float = RENDEZVOUS_TIMEOUT_S) -> bool:
     """Whether ``store`` still runs. A name lookup alone can answer with a store that was
     just killed: each process caches the actors it looked up by name and drops them only
     when Ray's notice of the death reaches it. A call to a dead actor fails instead.
@@ -298,8 +303,8 @@ def store_alive(store: Any, timeout: float = RENDEZVOUS_TIMEOUT_S) -> bool:
     return True
 
 
-def call(store: Any, method: str, *args: Any, timeout: float = RENDEZVOUS_TIMEOUT_S,
-         group: str = "?") -> Any:
+def call(store: ActorHandle, method: str, *args: object, timeout: float = RENDEZVOUS_TIMEOUT_S,
+         group: str = "?") -> RayObject:
     """``ray.get(store.method.remote(*args))`` with a deadline.
 
     Raises:
@@ -318,7 +323,7 @@ def call(store: Any, method: str, *args: Any, timeout: float = RENDEZVOUS_TIMEOU
             "destroyed or its creator died: create it again", group) from None
 
 
-def kill_store(store: Any, group: str, wait_s: float = 60.0) -> None:
+def kill_store(store: ActorHandle, group: str, wait_s: float = 60.0) -> None:
     """Kill the store and wait until Ray has freed its name, so that every member's next
     query sees the group gone and a new group can take the name. On a quiet machine that
     takes milliseconds; the bound is for a loaded GCS (CI saw more than 5 s)."""

@@ -19,10 +19,13 @@ send / recv compare a header and an answer instead::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cgraph.comm.algorithms import ALGORITHMS
 from cgraph.comm.types import ReduceOp
+
+if TYPE_CHECKING:
+    import torch
 
 KINDS = ("none", "allreduce", "reduce", "broadcast", "allgather", "reducescatter", "p2p", "barrier")
 """Call kinds by code."""
@@ -36,7 +39,7 @@ MAX_DIMS = 6
 LENGTH = 6 + MAX_DIMS
 
 
-def encode(kind: str, tensor: Any = None, op: ReduceOp | None = None, root: int = -1) -> list[int]:
+def encode(kind: str, tensor: torch.Tensor | None = None, op: ReduceOp | None = None, root: int = -1) -> list[int]:
     """The signature of one call (``tensor`` None for a barrier)."""
     shape = tuple(tensor.shape) if tensor is not None else ()
     dtype = str(tensor.dtype).removeprefix("torch.") if tensor is not None else ""
@@ -53,7 +56,7 @@ def algorithm_code(name: str) -> int:
     return ALLREDUCE_ALGORITHMS.index(name)
 
 
-def describe(header: Any) -> str:
+def describe(header: Sequence[int]) -> str:
     """Readable text of a signature vector."""
     h = [int(x) for x in header]
     kind = KINDS[h[0]] if 0 <= h[0] < len(KINDS) else f"kind {h[0]}"

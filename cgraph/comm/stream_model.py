@@ -31,7 +31,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from cgraph import _threads
 from cgraph.errors import ChannelClosedError
@@ -63,7 +62,7 @@ class Stream:
         event.record(self)
         event.synchronize()
 
-    def keep(self, tensor: Any) -> None:
+    def keep(self, tensor: object) -> None:
         """``record_stream``: ``tensor`` stays allocated until the queued work ran."""
         self.kept += 1
 

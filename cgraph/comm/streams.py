@@ -19,27 +19,33 @@ lines of ``CudaStreams`` and nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from cgraph.comm import stream_model
 
-Body = Callable[[], tuple[Any, list[Any]]]  # returns (value, tensors received or made)
+if TYPE_CHECKING:
+    import torch
+
+    from cgraph._boundary import TorchObject, UserValue
+    from cgraph.comm.communicator import Communicator
+
+Body = Callable[[], "tuple[UserValue, list[torch.Tensor]]"]  # returns (value, tensors received or made)
 
 
 class InlineStreams:
     """A communicator without a stream (the CPU communicator, most user ones): ops run
     where they are called, and are done when they return."""
 
-    def mark(self) -> Any:
+    def mark(self) -> None:
         return None
 
-    def run(self, token: Any, body: Body) -> tuple[Any, list[Any], Any]:
+    def run(self, token: object, body: Body) -> tuple[UserValue, list[torch.Tensor], None]:
         return (*body(), None)
 
-    def join(self, value: Any, tensors: list[Any], done: Any) -> Any:
+    def join(self, value: UserValue, tensors: list[torch.Tensor], done: object) -> UserValue:
         return value
 
-    def keep(self, tensor: Any) -> None:
+    def keep(self, tensor: torch.Tensor) -> None:
         """``tensor`` must outlive the communicator's queued work (nothing is queued here)."""
 
     def bind_thread(self) -> None:
@@ -49,17 +55,17 @@ class InlineStreams:
 class CudaStreams:
     """A GPU communicator: its ops are enqueued on ``comm.stream`` (torch.cuda)."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Communicator) -> None:
         self.stream, self.device = comm.stream, comm.device
 
-    def mark(self) -> Any:
+    def mark(self) -> TorchObject:
         import torch
 
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def run(self, token: Any, body: Body) -> tuple[Any, list[Any], Any]:
+    def run(self, token: TorchObject, body: Body) -> tuple[UserValue, list[torch.Tensor], TorchObject]:
         import torch
 
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
@@ -69,7 +75,7 @@ class CudaStreams:
             done.record(self.stream)
         return value, tensors, done
 
-    def join(self, value: Any, tensors: list[Any], done: Any) -> Any:
+    def join(self, value: UserValue, tensors: list[torch.Tensor], done: TorchObject) -> UserValue:
         import torch
 
         current = torch.cuda.current_stream()
@@ -78,7 +84,7 @@ class CudaStreams:
             tensor.record_stream(current)
         return value
 
-    def keep(self, tensor: Any) -> None:
+    def keep(self, tensor: torch.Tensor) -> None:
         tensor.record_stream(self.stream)
 
     def bind_thread(self) -> None:
@@ -95,31 +101,31 @@ class ModelStreams:
     waiting for ``done`` is the CPU waiting for it.
     """
 
-    def __init__(self, comm: Any) -> None:
-        self.stream = comm.stream
+    def __init__(self, comm: Communicator) -> None:
+        self.stream: stream_model.Stream = comm.stream
 
-    def mark(self) -> Any:
+    def mark(self) -> stream_model.Event:
         return stream_model.Event()  # never recorded: complete, as in CUDA
 
-    def run(self, token: Any, body: Body) -> tuple[Any, list[Any], Any]:
-        self.stream.wait_event(token)
+    def run(self, token: object, body: Body) -> tuple[UserValue, list[torch.Tensor], stream_model.Event]:
+        self.stream.wait_event(cast(stream_model.Event, token))  # what ``mark`` made
         value, tensors = body()
         done = stream_model.Event()
         done.record(self.stream)
         return value, tensors, done
 
-    def join(self, value: Any, tensors: list[Any], done: Any) -> Any:
-        done.synchronize()
+    def join(self, value: UserValue, tensors: list[torch.Tensor], done: object) -> UserValue:
+        cast(stream_model.Event, done).synchronize()  # what ``run`` made
         return value
 
-    def keep(self, tensor: Any) -> None:
+    def keep(self, tensor: torch.Tensor) -> None:
         self.stream.keep(tensor)
 
     def bind_thread(self) -> None:
         pass
 
 
-def streams_of(comm: Any) -> InlineStreams | CudaStreams | ModelStreams:
+def streams_of(comm: Communicator) -> InlineStreams | CudaStreams | ModelStreams:
     """The engine for ``comm`` (see the module docstring)."""
     stream = getattr(comm, "stream", None)
     if stream is None:

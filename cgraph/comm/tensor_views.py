@@ -22,20 +22,25 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from cgraph._boundary import UserValue
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCE = "cgraph_source_dtype"
 """Key of a working numpy view's dtype metadata naming the caller's dtype where numpy has
 none (torch.bfloat16 works as float32): ranks holding bfloat16 and float32 differ in
 ``dtype_name`` and so in their calls' tags."""
 
-Converted = tuple[Any, Callable[[Any], None] | None]
+Converted = tuple[UserValue, Callable[[UserValue], None] | None]
 """A working view and how to write it back (None: it shares the caller's memory)."""
 
 
-def kind_of(tensor: Any) -> str:
+def kind_of(tensor: object) -> str:
     """ "numpy", "torch" or "cupy".
 
     Raises:
@@ -53,7 +58,7 @@ def kind_of(tensor: Any) -> str:
 
 
 @contextlib.contextmanager
-def working(tensor: Any, target: str, device: str = "cpu", write: bool = True) -> Iterator[Any]:
+def working(tensor: UserValue, target: str, device: str = "cpu", write: bool = True) -> Iterator[UserValue]:
     """A view of ``tensor`` as ``target`` ("numpy" or "torch" on ``device``); see the module doc."""
     source = kind_of(tensor)
     if write and source == "numpy" and not tensor.flags.writeable:
@@ -73,7 +78,7 @@ def _numpy_from_numpy(arr: np.ndarray, device: str) -> Converted:
     return np.ascontiguousarray(arr), functools.partial(np.copyto, arr)
 
 
-def _numpy_from_torch(t: Any, device: str) -> Converted:
+def _numpy_from_torch(t: torch.Tensor, device: str) -> Converted:
     import torch
 
     direct = t.device.type == "cpu" and t.is_contiguous() and t.dtype in _numpy_dtypes()
@@ -87,7 +92,7 @@ def _numpy_from_torch(t: Any, device: str) -> Converted:
     return work, functools.partial(_copy_into_torch, t)
 
 
-def _numpy_from_cupy(arr: Any, device: str) -> Converted:
+def _numpy_from_cupy(arr: UserValue, device: str) -> Converted:
     import cupy
 
     def back(work: np.ndarray) -> None:
@@ -96,7 +101,7 @@ def _numpy_from_cupy(arr: Any, device: str) -> Converted:
     return cupy.asnumpy(arr), back
 
 
-def _torch_from_torch(t: Any, device: str) -> Converted:
+def _torch_from_torch(t: torch.Tensor, device: str) -> Converted:
     if t.device.type == device and t.is_contiguous():
         return t.detach(), None
     return t.detach().to(device).contiguous(), functools.partial(_copy_into_torch, t)
@@ -112,7 +117,7 @@ def _torch_from_numpy(arr: np.ndarray, device: str) -> Converted:
     return work.to(device), lambda w: np.copyto(arr, w.cpu().numpy().reshape(arr.shape))
 
 
-def _torch_from_cupy(arr: Any, device: str) -> Converted:
+def _torch_from_cupy(arr: UserValue, device: str) -> Converted:
     import torch
 
     if device == "cuda" and arr.flags.c_contiguous:
@@ -121,13 +126,13 @@ def _torch_from_cupy(arr: Any, device: str) -> Converted:
 
     work = torch.from_numpy(cupy.asnumpy(arr)).to(device)
 
-    def back(w: Any) -> None:
+    def back(w: torch.Tensor) -> None:
         arr[...] = cupy.asarray(w.cpu().numpy())
 
     return work, back
 
 
-CONVERT: dict[tuple[str, str], Callable[[Any, str], Converted]] = {
+CONVERT: dict[tuple[str, str], Callable[[UserValue, str], Converted]] = {
     ("numpy", "numpy"): _numpy_from_numpy,
     ("torch", "numpy"): _numpy_from_torch,
     ("cupy", "numpy"): _numpy_from_cupy,
@@ -138,7 +143,7 @@ CONVERT: dict[tuple[str, str], Callable[[Any, str], Converted]] = {
 """How each (caller's kind, backend's kind) pair is viewed (a test checks every pair)."""
 
 
-def _copy_into_torch(t: Any, work: Any) -> None:
+def _copy_into_torch(t: torch.Tensor, work: np.ndarray | torch.Tensor) -> None:
     import torch
 
     source = torch.from_numpy(work) if isinstance(work, np.ndarray) else work
@@ -147,7 +152,7 @@ def _copy_into_torch(t: Any, work: Any) -> None:
 
 
 @functools.cache
-def _numpy_dtypes() -> frozenset[Any]:
+def _numpy_dtypes() -> frozenset[torch.dtype]:
     """torch dtypes numpy holds (and reduces) without a conversion."""
     import torch
 

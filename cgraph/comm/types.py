@@ -4,9 +4,12 @@ function, torch.distributed's op (gloo and NCCL)."""
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from cgraph._boundary import TorchObject
 
 
 class ReduceOp(enum.Enum):
@@ -35,7 +38,7 @@ TORCH_FN: dict[ReduceOp, str] = {
 """The torch function combining two tensors for each op (every op has a row)."""
 
 
-def dist_op(op: ReduceOp) -> Any:
+def dist_op(op: ReduceOp) -> TorchObject:
     """``torch.distributed.ReduceOp`` of ``op`` (gloo, NCCL): the member of the same name."""
     import torch.distributed as dist
 

@@ -6,6 +6,8 @@ the IR and words the errors. cgraph's ``InputNode`` and ``MultiOutputNode``
 (whose ``experimental_compile`` calls the compiler) are in ``cgraph.compat``.
 """
 
+from __future__ import annotations
+
 from cgraph.dag.adapter import FrontEnd, read_dag
 from cgraph.dag.describe import describe
 from cgraph.dag.nodes import CommunicatorTable, TorchTensorType, with_type_hint

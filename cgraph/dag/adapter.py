@@ -41,7 +41,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
 
 import ray
 from ray.dag import ClassMethodNode, ClassNode, DAGNode, FunctionNode, InputAttributeNode
@@ -49,6 +48,7 @@ from ray.dag import InputNode as RayInputNode
 from ray.dag import MultiOutputNode as RayMultiOutputNode
 from ray.dag.collective_node import CollectiveOutputNode
 
+from cgraph._boundary import ActorHandle, RayObject, UserValue
 from cgraph._log import logger
 from cgraph.dag import adapter_collective, validate
 from cgraph.dag.adapter_collective import COLLECTIVE_NODES
@@ -66,13 +66,13 @@ class FrontEnd:
     """What the front end read: the IR and the live objects it stands for."""
 
     graph: Graph
-    handles: Mapping[ActorId, Any]  # actor id -> ActorHandle (or ClassNode)
-    communicators: Mapping[str, Any]  # "custom:<name>" -> the user's communicator object
-    input_node: Any = None  # the DAG's Ray InputNode
+    handles: Mapping[ActorId, ActorHandle]  # actor id -> ActorHandle (or ClassNode)
+    communicators: Mapping[str, UserValue]  # "custom:<name>" -> the user's communicator object
+    input_node: RayInputNode | None = None  # the DAG's Ray InputNode
 
 
 # --------------------------------------------------------------------------- reading
-def read_dag(root: Any, *, communicators: CommunicatorTable | None = None) -> FrontEnd:
+def read_dag(root: RayObject, *, communicators: CommunicatorTable | None = None) -> FrontEnd:
     """Read a Ray DAG into the Graph IR and check it.
 
     Args:
@@ -106,7 +106,7 @@ def read_dag(root: Any, *, communicators: CommunicatorTable | None = None) -> Fr
     )
 
 
-def _outputs(root: Any) -> tuple[list[DAGNode], bool]:
+def _outputs(root: object) -> tuple[list[DAGNode], bool]:
     if not isinstance(root, DAGNode):
         raise validate.not_a_dag(short(root))
     if not isinstance(root, RayMultiOutputNode):
@@ -172,14 +172,14 @@ _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 """Argument types that cannot hold a node (not scanned)."""
 
 
-def _nodes_inside(value: Any) -> list[DAGNode]:
+def _nodes_inside(value: object) -> list[DAGNode]:
     """The DAG nodes anywhere inside the argument ``value`` (a list, a dict, any object),
     found as Ray's ``bind`` finds them; empty for a node passed directly."""
     if isinstance(value, (DAGNode, *_PLAIN)):
         return []
     from ray.dag.py_obj_scanner import _PyObjScanner
 
-    scanner: _PyObjScanner[DAGNode, Any] = _PyObjScanner()
+    scanner: _PyObjScanner[DAGNode, object] = _PyObjScanner()
     try:
         return list(scanner.find_nodes([value]))
     finally:
@@ -245,10 +245,10 @@ class _Builder:
     def __init__(self, table: CommunicatorTable) -> None:
         self.table = table
         self.ids: dict[int, str] = {}
-        self.constants: list[Any] = []
-        self.actor_of: dict[Any, ActorId] = {}  # actor id (handle) or id(ClassNode) -> "a"
+        self.constants: list[object] = []
+        self.actor_of: dict[str | int, ActorId] = {}  # actor id (handle) or id(ClassNode) -> "a"
         self.actors: list[Actor] = []
-        self.handles: dict[ActorId, Any] = {}
+        self.handles: dict[ActorId, ActorHandle] = {}
         self.methods: dict[ActorId, tuple[str, ...]] = {}
 
     def build(self, nodes: list[DAGNode], outputs: list[DAGNode], multi: bool) -> Graph:
@@ -279,13 +279,13 @@ class _Builder:
         return Node(nid, NodeKind.CALL, actor=actor, method=node.get_method_name(), args=args,
                     kwargs=kwargs, num_returns=_num_returns(node), hint=hint)
 
-    def _arg(self, value: Any) -> Arg:
+    def _arg(self, value: object) -> Arg:
         if isinstance(value, DAGNode):
             return Ref(self.ids[id(value)])
         self.constants.append(value)
         return Const(len(self.constants) - 1)
 
-    def _actor(self, parent: Any) -> ActorId:
+    def _actor(self, parent: ActorHandle) -> ActorId:
         key = adapter_collective.actor_key(parent)
         if key not in self.actor_of:
             aid = _actor_name(len(self.actors))
@@ -325,7 +325,7 @@ def _num_returns(call: ClassMethodNode) -> int:
     return 1 if value is None else value
 
 
-def _actor_facts(parent: Any) -> tuple[str, float, tuple[str, ...]]:
+def _actor_facts(parent: ActorHandle) -> tuple[str, float, tuple[str, ...]]:
     """Class name, GPUs and method names of an actor (ClassNode or live handle)."""
     if isinstance(parent, ClassNode):
         cls = parent._body
@@ -338,7 +338,7 @@ def _actor_facts(parent: Any) -> tuple[str, float, tuple[str, ...]]:
     return name, _handle_gpus(parent, name), methods
 
 
-def _handle_gpus(handle: Any, name: str, wait_s: float = 10.0) -> float:
+def _handle_gpus(handle: ActorHandle, name: str, wait_s: float = 10.0) -> float:
     """An actor's GPUs from the GCS actor table. An actor created a moment ago may not be
     registered there yet (its creation is asynchronous; under load it takes a while):
     wait up to ``wait_s`` for its entry rather than read it as GPU-less."""
@@ -365,7 +365,7 @@ def _handle_gpus(handle: Any, name: str, wait_s: float = 10.0) -> float:
     return gpus
 
 
-def uses_cgraph_input(root: Any) -> bool:
+def uses_cgraph_input(root: object) -> bool:
     """Whether the DAG under ``root`` reads cgraph's ``InputNode`` (for Ray's compile hook)."""
     seen: set[int] = set()
     stack = [root]

@@ -17,13 +17,13 @@ adapter layer: it reads Ray's node objects (``adapter`` calls it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from ray.actor import ActorHandle
 from ray.dag import ClassMethodNode, DAGNode
 from ray.dag.collective_node import CollectiveOutputNode as RayCollectiveOutputNode
 
+from cgraph import _boundary
 from cgraph.dag.collective_node import (
     BIND_INDEX_KEY,
     INDEX_KEY,
@@ -43,7 +43,7 @@ COLLECTIVE_NODES = (CollectiveNode, CollectiveOutput)
 
 
 # --------------------------------------------------------------------------- binding
-def bind_collective(method: str, nodes: Any, options: dict[str, Any]) -> list[CollectiveOutput]:
+def bind_collective(method: str, nodes: Sequence[DAGNode], options: Mapping[str, object]) -> list[CollectiveOutput]:
     """Make a collective over ``nodes`` (one per member actor, in rank order).
 
     Args:
@@ -66,7 +66,7 @@ def bind_collective(method: str, nodes: Any, options: dict[str, Any]) -> list[Co
     return [CollectiveOutput(coll, {INDEX_KEY: i}) for i in range(len(parents))]
 
 
-def member_actor(node: Any) -> Any:
+def member_actor(node: object) -> _boundary.ActorHandle | None:
     """The actor (ActorHandle or ClassNode) holding ``node``'s value, or None if no actor method made it."""
     if isinstance(node, CollectiveOutput):
         return node.collective.parents[node.index]
@@ -76,18 +76,18 @@ def member_actor(node: Any) -> Any:
     return None
 
 
-def actor_key(parent: Any) -> Any:
+def actor_key(parent: _boundary.ActorHandle) -> str | int:
     """One key per actor, whichever handle object names it."""
     return parent._actor_id.hex() if isinstance(parent, ActorHandle) else id(parent)
 
 
-def _class_name(parent: Any) -> str:
+def _class_name(parent: _boundary.ActorHandle) -> str:
     if isinstance(parent, ActorHandle):
         return str(parent._ray_actor_creation_function_descriptor.class_name)
     return str(getattr(parent._body, "__name__", "actor"))
 
 
-def _stamp(parent: Any) -> int | None:
+def _stamp(parent: _boundary.ActorHandle) -> int | None:
     """The next bind index of a handle object (Ray's counter, as ``bind`` uses it); None on a ClassNode."""
     if not isinstance(parent, ActorHandle):
         return None
@@ -96,7 +96,7 @@ def _stamp(parent: Any) -> int | None:
     return index
 
 
-def _check_members(method: str, nodes: Any) -> list[Any]:
+def _check_members(method: str, nodes: Sequence[DAGNode]) -> list[_boundary.ActorHandle]:
     if not isinstance(nodes, (list, tuple)) or not nodes:
         got = "an empty list" if isinstance(nodes, (list, tuple)) else f"{type(nodes).__name__} {short(nodes)}"
         raise DAGValidationError(error_message(
@@ -105,8 +105,8 @@ def _check_members(method: str, nodes: Any) -> list[Any]:
             f"pass the members' nodes: {method}.bind([a.f.bind(inp), b.f.bind(inp)])",
         ))
     where = f"{method}.bind([{', '.join(describe(n, 0) if isinstance(n, DAGNode) else short(n) for n in nodes)}])"
-    parents: list[Any] = []
-    seen: dict[Any, int] = {}
+    parents: list[_boundary.ActorHandle] = []
+    seen: dict[str | int, int] = {}
     for i, node in enumerate(nodes):
         parent = member_actor(node)
         if parent is None:
@@ -123,7 +123,7 @@ def _check_members(method: str, nodes: Any) -> list[Any]:
     return parents
 
 
-def _not_an_actor_result(method: str, i: int, node: Any, where: str) -> DAGValidationError:
+def _not_an_actor_result(method: str, i: int, node: object, where: str) -> DAGValidationError:
     what = describe(node, 0) if isinstance(node, DAGNode) else f"the constant {short(node)}"
     why = "a collective runs on the actors holding its inputs, so each input is an actor method's result"
     fix = f"pass actor.method.bind(...) results, one per actor (compute {what} in an actor method first)"
@@ -142,7 +142,7 @@ def collective_parents(node: DAGNode) -> list[DAGNode]:
 
 def to_ir(
     node: DAGNode, nid: str, hint: TensorHint | None,
-    arg: Callable[[Any], Arg], actor: Callable[[Any], str],
+    arg: Callable[[object], Arg], actor: Callable[[_boundary.ActorHandle], str],
 ) -> Node:
     """The IR node of a collective node: COLLECTIVE (options as constants) or ITEM.
 

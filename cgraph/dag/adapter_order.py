@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
 
 import networkx as nx  # type: ignore[import-untyped]
 from ray.dag import ClassMethodNode, ClassNode, DAGNode
 
+from cgraph._boundary import ActorHandle
 from cgraph.dag.collective_node import CollectiveNode
 
 
@@ -41,7 +41,7 @@ def order_nodes(dfs: list[DAGNode], parents: Callable[[DAGNode], list[DAGNode]])
     rank = {id(n): i for i, n in enumerate(dfs)}
     hard = [(rank[id(p)], rank[id(n)]) for n in dfs for p in parents(n)]
     chains: list[list[DAGNode]] = [list(n._downstream_nodes) for n in dfs]
-    by_parent: dict[int, list[tuple[Any, int | None, DAGNode]]] = {}
+    by_parent: dict[int, list[tuple[ActorHandle, int | None, DAGNode]]] = {}
     for n in dfs:
         for parent, index in _sites(n):
             by_parent.setdefault(id(parent), []).append((parent, index, n))
@@ -62,7 +62,7 @@ def order_nodes(dfs: list[DAGNode], parents: Callable[[DAGNode], list[DAGNode]])
     return [dfs[i] for i in order]
 
 
-def _sites(node: DAGNode) -> list[tuple[Any, int | None]]:
+def _sites(node: DAGNode) -> list[tuple[ActorHandle, int | None]]:
     """Where ``node`` runs as a method: (actor handle or ClassNode, bind index) per actor."""
     if isinstance(node, CollectiveNode):
         return list(zip(node.parents, node.bind_indices, strict=True))
@@ -71,7 +71,7 @@ def _sites(node: DAGNode) -> list[tuple[Any, int | None]]:
     return []
 
 
-def _toposort(n: int, edges: list[tuple[int, int]], key: Any) -> list[int] | None:
+def _toposort(n: int, edges: list[tuple[int, int]], key: Callable[[int], tuple[int, int]]) -> list[int] | None:
     """Topological order, smallest ``key`` first among ready nodes; ``None`` on a cycle."""
     graph = nx.DiGraph()
     graph.add_nodes_from(range(n))

@@ -18,9 +18,11 @@ reads them; only cgraph compiles a DAG that holds them (``_cgraph_input``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NoReturn
 
 from ray.dag import DAGNode
+
+from cgraph._boundary import ActorHandle, RayObject
 
 METHOD_KEY = "cgraph_collective"  # the collective's name: allreduce | allgather | reducescatter
 OPTIONS_KEY = "cgraph_options"  # {"op": "sum", "algorithm": "auto"}, as applicable
@@ -32,7 +34,7 @@ INDEX_KEY = "cgraph_member"  # a CollectiveOutput's member index
 class _CompiledOnly(DAGNode):
     _cgraph_input = True  # read by adapter.uses_cgraph_input: experimental_compile goes to cgraph
 
-    def _execute_impl(self, *args: Any, **kwargs: Any) -> Any:
+    def _execute_impl(self, *args: object, **kwargs: object) -> NoReturn:
         raise NotImplementedError(
             f"{self}: cgraph collective nodes run only in a compiled graph; "
             "use cgraph.compile(dag) (or dag.experimental_compile()), not dag.execute()"
@@ -42,7 +44,7 @@ class _CompiledOnly(DAGNode):
 class CollectiveNode(_CompiledOnly):
     """A collective over one input node per member actor (its arguments, in rank order)."""
 
-    def __init__(self, inputs: tuple[Any, ...], other_args_to_resolve: dict[str, Any]) -> None:
+    def __init__(self, inputs: tuple[RayObject, ...], other_args_to_resolve: dict[str, object]) -> None:
         super().__init__(tuple(inputs), {}, {}, other_args_to_resolve)
 
     @property
@@ -50,18 +52,19 @@ class CollectiveNode(_CompiledOnly):
         return str(self.get_other_args_to_resolve()[METHOD_KEY])
 
     @property
-    def options(self) -> dict[str, Any]:
+    def options(self) -> dict[str, object]:
         return dict(self.get_other_args_to_resolve()[OPTIONS_KEY])
 
     @property
-    def parents(self) -> tuple[Any, ...]:
+    def parents(self) -> tuple[ActorHandle, ...]:
         return tuple(self.get_other_args_to_resolve()[PARENTS_KEY])
 
     @property
     def bind_indices(self) -> tuple[int | None, ...]:
         return tuple(self.get_other_args_to_resolve()[BIND_INDEX_KEY])
 
-    def _copy_impl(self, new_args: Any, new_kwargs: Any, new_options: Any, new_other: Any) -> CollectiveNode:
+    def _copy_impl(self, new_args: list[DAGNode], new_kwargs: dict[str, object], new_options: dict[str, object],
+                   new_other: dict[str, object]) -> CollectiveNode:
         return CollectiveNode(tuple(new_args), new_other)
 
     def __str__(self) -> str:
@@ -71,7 +74,7 @@ class CollectiveNode(_CompiledOnly):
 class CollectiveOutput(_CompiledOnly):
     """Member ``index``'s result of a ``CollectiveNode``; the value lives on that member's actor."""
 
-    def __init__(self, collective: CollectiveNode, other_args_to_resolve: dict[str, Any]) -> None:
+    def __init__(self, collective: CollectiveNode, other_args_to_resolve: dict[str, object]) -> None:
         super().__init__((collective,), {}, {}, other_args_to_resolve)
 
     @property
@@ -82,7 +85,8 @@ class CollectiveOutput(_CompiledOnly):
     def index(self) -> int:
         return int(self.get_other_args_to_resolve()[INDEX_KEY])
 
-    def _copy_impl(self, new_args: Any, new_kwargs: Any, new_options: Any, new_other: Any) -> CollectiveOutput:
+    def _copy_impl(self, new_args: list[CollectiveNode], new_kwargs: dict[str, object],
+                   new_options: dict[str, object], new_other: dict[str, object]) -> CollectiveOutput:
         return CollectiveOutput(new_args[0], new_other)
 
     def __str__(self) -> str:

@@ -11,16 +11,17 @@ errors with it; it reads Ray's node objects and cgraph's collective nodes, nothi
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 from ray.dag import ClassMethodNode, ClassNode, DAGNode, FunctionNode, InputAttributeNode
 from ray.dag import InputNode as RayInputNode
 from ray.dag import MultiOutputNode as RayMultiOutputNode
 
+from cgraph._boundary import ActorHandle, UserValue
 from cgraph.dag.collective_node import CollectiveNode, CollectiveOutput
 
 
-def describe(node: Any, depth: int = 1) -> str:
+def describe(node: object, depth: int = 1) -> str:
     """A short Ray-side text of a node (argument nodes ``depth`` levels deep), for errors."""
     if isinstance(node, RayInputNode):
         return "inp"
@@ -32,7 +33,7 @@ def describe(node: Any, depth: int = 1) -> str:
     if isinstance(node, (CollectiveNode, CollectiveOutput)):
         return _collective(node, depth)
     if isinstance(node, ClassMethodNode):
-        parent: Any = node._parent_class_node
+        parent: ActorHandle = node._parent_class_node
         cls = (parent._body.__name__ if isinstance(parent, ClassNode)
                else parent._ray_actor_creation_function_descriptor.class_name)
         name = f"{cls}.{node.get_method_name()}"
@@ -49,13 +50,13 @@ def describe(node: Any, depth: int = 1) -> str:
     return f"{name}([{text}])" if isinstance(node, RayMultiOutputNode) else f"{name}({text})"
 
 
-def _arg_text(value: Any, depth: int) -> str:
+def _arg_text(value: object, depth: int) -> str:
     if isinstance(value, DAGNode):
         return describe(value, depth - 1)
     return f"{type(value).__name__}(...nodes...)" if holds_node(value) else short(value)
 
 
-def short(value: Any, limit: int = 30) -> str:
+def short(value: object, limit: int = 30) -> str:
     """``repr(value)``, cut to ``limit`` characters."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -73,12 +74,12 @@ def _collective(node: DAGNode, depth: int) -> str:
     return f"{node.method}({', '.join(parts)})"
 
 
-def holds_node(value: Any) -> bool:
+def holds_node(value: object) -> bool:
     """A DAG node sits somewhere inside the container ``value``."""
     return not isinstance(value, DAGNode) and contains(value, lambda v: isinstance(v, DAGNode))
 
 
-def contains(value: Any, match: Any) -> bool:
+def contains(value: UserValue, match: Callable[[object], bool]) -> bool:
     if match(value):
         return True
     items = (*value.keys(), *value.values()) if isinstance(value, dict) else value

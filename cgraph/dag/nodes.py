@@ -16,7 +16,7 @@ calls the compiler) live in ``cgraph.compat``, above the compiler.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ray.dag import DAGNode
 from ray.experimental.channel.auto_transport_type import AutoTransportType
@@ -25,9 +25,13 @@ from ray.experimental.channel.communicator import Communicator as RayCommunicato
 from ray.experimental.channel.shared_memory_channel import SharedMemoryType
 from ray.experimental.channel.torch_tensor_type import TorchTensorType as _RayTorchTensorType
 
+from cgraph._boundary import RayObject, UserValue
 from cgraph.dag.validate import error_message
 from cgraph.errors import DAGValidationError
 from cgraph.ir import TensorHint
+
+if TYPE_CHECKING:
+    from ray.experimental.util.types import Device
 
 _DEVICES = ("default", "cpu", "gpu", "cuda")
 _TRANSPORTS = {"auto": "auto", "shm": "shm", "nccl": "nccl", "accelerator": "nccl"}
@@ -53,15 +57,15 @@ class TorchTensorType:
 
     def __init__(
         self,
-        transport: Any = "auto",
-        device: Any = "default",
+        transport: str | UserValue | None = "auto",
+        device: str | Device = "default",
         _static_shape: bool = False,
         _direct_return: bool = False,
     ) -> None:
         device = getattr(device, "value", device)  # Ray's Device enum
         if device not in _DEVICES:
             raise ValueError(f"TorchTensorType: device must be one of {_DEVICES}, got {device!r}")
-        self.communicator: Any = None
+        self.communicator: UserValue | None = None
         transport = "auto" if transport is None else transport
         if isinstance(transport, str):
             if transport not in _TRANSPORTS:
@@ -82,7 +86,7 @@ class TorchTensorType:
         self.static_shape = bool(_static_shape)
         self.direct_return = bool(_direct_return)
 
-    def _key(self) -> tuple[Any, ...]:
+    def _key(self) -> tuple[object, ...]:
         return (self.transport, id(self.communicator), self.device, self.static_shape, self.direct_return)
 
     def __eq__(self, other: object) -> bool:
@@ -104,9 +108,9 @@ class CommunicatorTable:
 
     def __init__(self) -> None:
         self._names: dict[int, str] = {}
-        self.objects: dict[str, Any] = {}
+        self.objects: dict[str, UserValue] = {}
 
-    def name(self, obj: Any) -> str:
+    def name(self, obj: object) -> str:
         """The IR transport name of ``obj``, registering it on first use."""
         if id(obj) not in self._names:
             base = "custom:" + "".join(c if c.isalnum() or c in "_.-" else "_" for c in type(obj).__name__)
@@ -116,7 +120,7 @@ class CommunicatorTable:
         return self._names[id(obj)]
 
 
-def to_tensor_hint(hint: Any, table: CommunicatorTable) -> TensorHint | None:
+def to_tensor_hint(hint: object, table: CommunicatorTable) -> TensorHint | None:
     """The IR's ``TensorHint`` for a node's type hint (cgraph's or Ray's); ``None`` if none.
 
     Ray's own ``TorchTensorType`` keeps Ray's meaning: its "auto" transport is
@@ -152,7 +156,7 @@ def to_tensor_hint(hint: Any, table: CommunicatorTable) -> TensorHint | None:
     ))
 
 
-def with_type_hint(node: Any, hint: Any) -> Any:
+def with_type_hint(node: object, hint: TorchTensorType | ChannelOutputType) -> RayObject:
     """Attach a tensor type hint to a DAG node's output (also ``node.with_type_hint(hint)``).
 
     A cgraph hint goes through Ray's public ``with_tensor_transport`` (so Ray

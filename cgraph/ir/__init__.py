@@ -1,5 +1,7 @@
 """The Graph IR: plain frozen records, a text form that round-trips."""
 
+from __future__ import annotations
+
 from cgraph.ir.graph import (
     DRIVER,
     Actor,

@@ -4,6 +4,8 @@
 ``launch.py`` for how a planned schedule becomes running loops.
 """
 
+from __future__ import annotations
+
 from cgraph.runtime.compiled_graph import CompiledGraph
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.results import CompiledFuture, CompiledRef

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
 
 
-def choose_cpus(spec: Any) -> set[int] | None:
+def choose_cpus(spec: str | Iterable[int] | None) -> set[int] | None:
     """The CPU set for ``spec`` (None, "colocate" or an iterable of CPU ids).
 
     Raises:

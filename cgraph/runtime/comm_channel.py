@@ -64,8 +64,9 @@ import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
+from cgraph._boundary import UserValue
 from cgraph.channels.serialization import PicklerMixin, has_cuda, on_base, pickler_base
 from cgraph.comm.communicator import view_receiver
 from cgraph.comm.streams import streams_of
@@ -73,11 +74,16 @@ from cgraph.errors import RuntimeGraphError
 from cgraph.runtime.error_value import ErrorValue
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
+
+    from cgraph.channels.base import ChannelReader, ChannelWriter
     from cgraph.comm.communicator import Communicator
     from cgraph.ir import TensorHint
     from cgraph.runtime.comm_faults import GroupFailure
 
-Spec = tuple[tuple[int, ...], Any]  # (shape, torch dtype) of one tensor
+Spec = tuple[tuple[int, ...], "torch.dtype"]  # (shape, torch dtype) of one tensor
 Origin = Callable[[Exception], ErrorValue]  # wraps a protocol error as the producer's error
 
 
@@ -100,7 +106,7 @@ class Encoded:
     """A value taken apart once per execution, shared by every SEND of its node."""
 
     structure: bytes | None
-    tensors: tuple[Any, ...]
+    tensors: tuple[torch.Tensor, ...]
     specs: tuple[Spec, ...]
 
 
@@ -108,13 +114,13 @@ class Encoded:
 class _Extractor(PicklerMixin):
     """Pickles a value's structure, taking its tensors out (a mixin over ``pickler_base()``)."""
 
-    def __init__(self, file: io.BytesIO, tensor_type: type) -> None:
+    def __init__(self, file: io.BytesIO, tensor_type: type[torch.Tensor]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.tensor_type = tensor_type
-        self.tensors: list[Any] = []
+        self.tensors: list[torch.Tensor] = []
         self.index: dict[int, int] = {}  # id(tensor) -> its index: one tensor twice stays one
 
-    def persistent_id(self, obj: Any) -> int | None:
+    def persistent_id(self, obj: object) -> int | None:
         if not isinstance(obj, self.tensor_type):
             return None
         if id(obj) not in self.index:
@@ -124,22 +130,22 @@ class _Extractor(PicklerMixin):
 
 
 class _Restorer(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, tensors: list[Any]) -> None:
+    def __init__(self, file: io.BytesIO, tensors: list[torch.Tensor]) -> None:
         super().__init__(file)
         self.tensors = tensors
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: int) -> torch.Tensor:
         return self.tensors[pid]
 
 
-def encode(value: Any, *, node: str, direct_return: bool, origin: Origin) -> Encoded | ErrorValue:
+def encode(value: UserValue, *, node: str, direct_return: bool, origin: Origin) -> Encoded | ErrorValue:
     """Take ``value`` apart into its structure and its tensors (or an error to send)."""
     import torch
 
     if isinstance(value, ErrorValue):
         return value
     if isinstance(value, torch.Tensor):
-        tensors: list[Any] = [value]
+        tensors: list[torch.Tensor] = [value]
         structure = None
     elif direct_return:
         return origin(TypeError(
@@ -171,7 +177,7 @@ def encode(value: Any, *, node: str, direct_return: bool, origin: Origin) -> Enc
     return Encoded(structure, ready, tuple((tuple(t.shape), t.dtype) for t in ready))
 
 
-def _unsendable_kind(t: Any, torch: Any) -> str:
+def _unsendable_kind(t: torch.Tensor, torch: ModuleType) -> str:
     """What keeps ``t`` from crossing as raw bytes ("" when nothing does)."""
     if getattr(t, "is_nested", False):
         return "nested"
@@ -184,7 +190,7 @@ def _unsendable_kind(t: Any, torch: Any) -> str:
     return ""
 
 
-def decode(structure: bytes | None, tensors: list[Any]) -> Any:
+def decode(structure: bytes | None, tensors: list[torch.Tensor]) -> UserValue:
     """Inverse of ``encode``: the value with the received tensors in place."""
     if structure is None:
         return tensors[0]
@@ -198,8 +204,17 @@ def format_specs(specs: tuple[Spec, ...] | None) -> str:
 
 
 # --------------------------------------------------------------------------- the two ends
+class _Lease(Protocol):
+    """What a received view holds (``Communicator.recv_view``'s lease)."""
+
+    def release(self) -> None: ...
+
+
 class _End:
-    def __init__(self, comm: Communicator, peer: int, side: Any, hint: TensorHint | None, node: str) -> None:
+    side: ChannelWriter | ChannelReader  # the side channel's end (EdgeWriter: a writer; EdgeReader: a reader)
+
+    def __init__(self, comm: Communicator, peer: int, side: ChannelWriter | ChannelReader, hint: TensorHint | None,
+                 node: str) -> None:
         self.comm, self.peer, self.side, self.node = comm, peer, side, node
         self.streams = streams_of(comm)
         self.static = bool(hint is not None and hint.static_shape)
@@ -219,6 +234,8 @@ class _End:
 
 class EdgeWriter(_End):
     """The producing end of one communicator channel."""
+
+    side: ChannelWriter
 
     def send(self, item: Encoded | ErrorValue, origin: Origin) -> None:
         seq, self.seq = self.seq, self.seq + 1
@@ -257,7 +274,7 @@ class EdgeWriter(_End):
             for shape, dtype in self.specs or ():
                 self._send(torch.zeros(shape, dtype=dtype, device=self.comm.device))
 
-    def _send(self, tensor: Any) -> None:
+    def _send(self, tensor: torch.Tensor) -> None:
         device = self.comm.device
         t = tensor if tensor.device == device else tensor.to(device)
         self.comm.send(t.contiguous(), self.peer)
@@ -273,14 +290,17 @@ class EdgeReader(_End):
     until ``release()`` at the execution's end; the other tensors are copies.
     """
 
-    def __init__(self, comm: Communicator, peer: int, side: Any, hint: TensorHint | None, node: str, *, view_last: bool = False) -> None:
+    side: ChannelReader
+
+    def __init__(self, comm: Communicator, peer: int, side: ChannelWriter | ChannelReader, hint: TensorHint | None,
+                 node: str, *, view_last: bool = False) -> None:
         super().__init__(comm, peer, side, hint, node)
         self.stash: dict[int, Failed] = {}  # Failed items read ahead of their value, by seq
         self.failure: GroupFailure | None = None  # the writer's group failure, from the last Failed that had one
         self.viewer = view_receiver(comm) if view_last else None
-        self.leases: list[Any] = []  # what the views handed out in this execution hold
+        self.leases: list[_Lease] = []  # what the views handed out in this execution hold
 
-    def recv(self) -> tuple[Any, list[Any]]:
+    def recv(self) -> tuple[UserValue, list[torch.Tensor]]:
         """The next value and the tensors received for it (the value may be an ErrorValue)."""
         seq, self.seq = self.seq, self.seq + 1
         if not self.side_is_read:
@@ -309,7 +329,7 @@ class EdgeReader(_End):
         for lease in leases:
             lease.release()
 
-    def _recv_all(self, specs: tuple[Spec, ...] | None) -> list[Any]:
+    def _recv_all(self, specs: tuple[Spec, ...] | None) -> list[torch.Tensor]:
         if not specs or self.viewer is None:
             return [self._recv(spec) for spec in specs or ()]
         tensors = [self._recv(spec) for spec in specs[:-1]]  # copies: the link is read again
@@ -318,7 +338,7 @@ class EdgeReader(_End):
         tensors.append(tensor)
         return tensors
 
-    def _recv(self, spec: Spec) -> Any:
+    def _recv(self, spec: Spec) -> torch.Tensor:
         import torch
 
         buf = torch.empty(spec[0], dtype=spec[1], device=self.comm.device)
@@ -375,7 +395,7 @@ class EdgeReader(_End):
         finally:
             self.side.release()
 
-    def _place(self, tensors: list[Any]) -> list[Any]:
+    def _place(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The received tensors on the device the hint asks for ("default": as received)."""
         if self.device == "default" or not tensors:
             return tensors

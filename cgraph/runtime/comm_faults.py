@@ -47,7 +47,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from cgraph import _threads
 from cgraph.channels.base import ChannelReader
@@ -56,6 +56,14 @@ from cgraph.channels.segments import create_segment, open_segment, segment_name,
 from cgraph.channels.shm_channel import ShmHandle
 from cgraph.errors import ChannelClosedError, CommunicatorError, add_note
 from cgraph.runtime.error_value import ErrorValue
+
+if TYPE_CHECKING:
+    import mmap
+
+    from cgraph.comm.communicator import Communicator
+    from cgraph.comm.kinds import GroupEndpoint
+
+_T = TypeVar("_T")
 
 NOTICE_S = 1.0
 """How long a ``ChannelClosedError`` waits for the watcher to see the control closed:
@@ -144,7 +152,7 @@ class _mapped:  # noqa: N801 - a context manager read as a phrase
     def __init__(self, name: str) -> None:
         self.mm = open_segment(name)
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> mmap.mmap:
         return self.mm
 
     def __exit__(self, *exc: object) -> None:
@@ -170,9 +178,9 @@ class GroupFaults:
         self.failures: dict[str, GroupFailure] = {}
         self.origins: dict[str, ErrorValue] = {}  # the failing member's error, from the board
         self.aborted: dict[str, threading.Event] = {}
-        self.groups: dict[str, tuple[Any, Any]] = {}  # name -> (GroupEndpoint, communicator)
+        self.groups: dict[str, tuple[GroupEndpoint, Communicator]] = {}  # name -> (GroupEndpoint, communicator)
 
-    def watch(self, name: str, group: Any, comm: Any) -> None:
+    def watch(self, name: str, group: GroupEndpoint, comm: Communicator) -> None:
         """Fail and abort the group when its control channel closes (a member's fault,
         teardown, a death): a thread waits on it."""
         self.groups[name] = (group, comm)
@@ -248,7 +256,7 @@ class GroupFaults:
                                   f"again ({site.where} on actor {self.label} did not run)")
         return ErrorValue.capture(error, actor=self.label, method=site.method, execution_index=site.execution)
 
-    def learn(self, name: str, failure: Any) -> None:
+    def learn(self, name: str, failure: GroupFailure | None) -> None:
         """A writer's record of the group's failure (from a ``Failed`` item): the group is
         failed here too (across nodes, the only news of it), and the record replaces one
         that knew no more than that the group was aborted."""
@@ -273,7 +281,7 @@ class GroupFaults:
             quietly(comm.abort)
 
 
-def quietly(fn: Callable[[], Any]) -> Any:
+def quietly(fn: Callable[[], _T]) -> _T | None:
     """``fn()``, or None if it raised: closing or failing anyway (teardown, a board gone)."""
     try:
         return fn()

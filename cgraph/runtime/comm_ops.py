@@ -47,8 +47,9 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
+from cgraph._boundary import UserValue
 from cgraph.channels.opener import open_endpoint
 from cgraph.comm import signatures
 from cgraph.comm.communicator import Communicator, as_reduce_op
@@ -59,10 +60,29 @@ from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, Failed,
 from cgraph.runtime.comm_faults import SETTLE_S, GroupFaults, Site, quietly
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram
 from cgraph.runtime.error_value import ErrorValue
-from cgraph.runtime.recording import At, nbytes
+from cgraph.runtime.recording import At, Recorder, nbytes
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
+if TYPE_CHECKING:
+    import torch
+
+    from cgraph.runtime.program import ActorProgram
+
+
 # --------------------------------------------------------------------------- ops in the loop
+class LoopContext(Protocol):
+    """What the communicator ops use of their actor loop's context (``executor.Context``)."""
+
+    program: ActorProgram
+    execution: int
+    values: dict[str, UserValue]  # this execution's values (a Pending while in flight)
+    recorder: Recorder | None
+    comm_state: CommState | None  # made by the first comm op (``comm_state``)
+    end_hooks: list[Callable[[], None]]
+    close_hooks: list[Callable[[], None]]
+
+    def value(self, node: str) -> UserValue: ...
+
 
 class Pending:
     """A value still in flight on the communication stream/thread.
@@ -74,25 +94,25 @@ class Pending:
 
     __slots__ = ("_wait",)
 
-    def __init__(self, wait: Callable[[], Any]) -> None:
+    def __init__(self, wait: Callable[[], UserValue]) -> None:
         self._wait = wait
 
-    def result(self) -> Any:
+    def result(self) -> UserValue:
         return self._wait()
 
 
 class CommState:
     """One actor loop's communicators, channel ends and comm thread."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: LoopContext) -> None:
         program = ctx.program.comm
         assert program is not None  # checked by comm_state()
         self.ctx = ctx
         self.program = program
         self.comms: dict[str, Communicator] = {}
         self.encoded: dict[str, Encoded | ErrorValue] = {}
-        self.futures: list[Future[Any]] = []
-        self.sends: list[Any] = []  # Pendings of SENDs on the comm stream not yet fenced
+        self.futures: list[Future[tuple[UserValue, list[torch.Tensor], object]]] = []
+        self.sends: list[Pending] = []  # Pendings of SENDs on the comm stream not yet fenced
         self.writers: dict[tuple[str, str], EdgeWriter] = {}
         self.readers: dict[tuple[str, str], EdgeReader] = {}
         self.thread: ThreadPoolExecutor | None = None
@@ -115,7 +135,7 @@ class CommState:
             self.thread = ThreadPoolExecutor(1, "cgraph-comm", initializer=binders[0] if binders else None)
         ctx.end_hooks.append(self.end_execution)
 
-    def run(self, op: Op, comm: Any, body: Body) -> Any:
+    def run(self, op: Op, comm: Communicator, body: Body) -> UserValue | Pending:
         """Run ``body`` for ``op``: inline without a comm thread; with one, on it (a
         ``Pending`` for an op of the comm stream, else its value, waited for)."""
         engine = self.engines[id(comm)]
@@ -135,7 +155,7 @@ class CommState:
             self.sends.append(pending)
         return pending
 
-    def _size(self, op: Op) -> Callable[[Any], int | None]:
+    def _size(self, op: Op) -> Callable[[object], int | None]:
         """For a recorded event: the bytes a comm body moved (what it returned, for a SEND
         the value it sent)."""
         values = self.ctx.values
@@ -197,7 +217,7 @@ def last_link_reads(ops: tuple[Op, ...], program: CommProgram) -> set[tuple[str,
     return last
 
 
-def comm_state(ctx: Any) -> CommState:
+def comm_state(ctx: LoopContext) -> CommState:
     state = ctx.comm_state
     if state is None:
         if ctx.program.comm is None:
@@ -206,13 +226,13 @@ def comm_state(ctx: Any) -> CommState:
                 "(ActorProgram.comm is missing: a cgraph bug)"
             )
         state = ctx.comm_state = CommState(ctx)
-    return state  # type: ignore[no-any-return]
+    return state
 
 
 # --------------------------------------------------------------------------- handlers
 # Each body runs where its op runs (inline or on the comm thread, in schedule order);
 # a group that failed calls no communicator again (comm_faults).
-def handle_send(op: Op, ctx: Any) -> None:
+def handle_send(op: Op, ctx: LoopContext) -> None:
     state = comm_state(ctx)
     key = (op.node, op.peer)
     writer, endpoint = state.writers[key], state.program.sends[key]
@@ -225,7 +245,7 @@ def handle_send(op: Op, ctx: Any) -> None:
     site = Site(endpoint.group, f"send of node {op.node} to {op.peer} (rank {endpoint.peer_rank})",
                 endpoint.method, ctx.execution)
 
-    def body() -> tuple[Any, list[Any]]:
+    def body() -> tuple[UserValue, list[torch.Tensor]]:
         if faults.failed(site.group):  # an upstream error still says what went wrong first
             error = item if isinstance(item, ErrorValue) else faults.later(site)
             writer.skip(error, faults.failed(site.group))
@@ -240,7 +260,7 @@ def handle_send(op: Op, ctx: Any) -> None:
     state.run(op, writer.comm, body)
 
 
-def handle_recv(op: Op, ctx: Any) -> None:
+def handle_recv(op: Op, ctx: LoopContext) -> None:
     state = comm_state(ctx)
     key = (op.node, op.peer)
     reader, endpoint = state.readers[key], state.program.recvs[key]
@@ -248,7 +268,7 @@ def handle_recv(op: Op, ctx: Any) -> None:
     site = Site(endpoint.group, f"recv of node {op.node} from {op.peer} (rank {endpoint.peer_rank})",
                 endpoint.method, ctx.execution)
 
-    def body() -> tuple[Any, list[Any]]:
+    def body() -> tuple[UserValue, list[torch.Tensor]]:
         if faults.failed(site.group):
             return _found(faults, site, reader.skip(SETTLE_S)) or faults.later(site), []
         try:
@@ -266,7 +286,7 @@ def handle_recv(op: Op, ctx: Any) -> None:
     ctx.values[op.node] = state.run(op, reader.comm, body)
 
 
-def handle_collective(op: Op, ctx: Any) -> None:
+def handle_collective(op: Op, ctx: LoopContext) -> None:
     state = comm_state(ctx)
     endpoint = state.program.collectives[op.node]
     comm = state.comms[endpoint.group]
@@ -275,7 +295,7 @@ def handle_collective(op: Op, ctx: Any) -> None:
     faults = state.faults
     site = Site(endpoint.group, f"{endpoint.method} of collective node {op.node}", endpoint.method, ctx.execution)
 
-    def body() -> tuple[Any, list[Any]]:
+    def body() -> tuple[UserValue, list[torch.Tensor]]:
         if faults.failed(site.group):
             return value if isinstance(value, ErrorValue) else faults.later(site), []
         try:
@@ -300,7 +320,7 @@ def _found(faults: GroupFaults, site: Site, found: Failed | None) -> ErrorValue 
 
 
 # --------------------------------------------------------------------------- collectives
-def _allreduce(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
+def _allreduce(comm: Communicator, t: torch.Tensor, op: str, algorithm: str = "auto") -> torch.Tensor:
     out = t.clone()
     comm.allreduce(out, _summed(op), **_named(algorithm))
     return _averaged(comm, out, op)
@@ -317,14 +337,14 @@ def _summed(op: str) -> str:
     return "sum" if op == "avg" else op
 
 
-def _averaged(comm: Any, out: Any, op: str) -> Any:
+def _averaged(comm: Communicator, out: torch.Tensor, op: str) -> torch.Tensor:
     """``out`` divided by the member count for "avg" (the same sum on every member: the same bits)."""
     if op == "avg":
         out.div_(comm.world_size)
     return out
 
 
-def _allgather(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
+def _allgather(comm: Communicator, t: torch.Tensor, op: str, algorithm: str = "auto") -> torch.Tensor:
     import torch
 
     parts = [torch.empty_like(t) for _ in range(comm.world_size)]
@@ -332,13 +352,13 @@ def _allgather(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
     return torch.cat(parts) if t.dim() else torch.stack(parts)
 
 
-def _reducescatter(comm: Any, t: Any, op: str, algorithm: str = "auto") -> Any:
+def _reducescatter(comm: Communicator, t: torch.Tensor, op: str, algorithm: str = "auto") -> torch.Tensor:
     out = t.new_empty((t.shape[0] // comm.world_size, *t.shape[1:]))
     comm.reducescatter(out, t.contiguous(), _summed(op))
     return _averaged(comm, out, op)
 
 
-COLLECTIVES: dict[str, Callable[[Any, Any, str, str], Any]] = {
+COLLECTIVES: dict[str, Callable[[Communicator, torch.Tensor, str, str], torch.Tensor]] = {
     "allreduce": _allreduce,
     "allgather": _allgather,
     "reducescatter": _reducescatter,
@@ -347,8 +367,8 @@ COLLECTIVES: dict[str, Callable[[Any, Any, str, str], Any]] = {
 
 
 def run_collective(
-    endpoint: CollectiveEndpoint, comm: Any, value: Any, origin: Callable[[Exception], ErrorValue]
-) -> tuple[Any, list[Any]]:
+    endpoint: CollectiveEndpoint, comm: Communicator, value: UserValue, origin: Callable[[Exception], ErrorValue]
+) -> tuple[UserValue, list[torch.Tensor]]:
     """One member's part of a collective node; a member's bad input fails it on every member.
 
     The members first agree (``signatures.agree``: one MAX allreduce of a few
@@ -382,12 +402,12 @@ def run_collective(
     return out, [out]
 
 
-def _signature(endpoint: CollectiveEndpoint, value: Any) -> list[int]:
+def _signature(endpoint: CollectiveEndpoint, value: torch.Tensor) -> list[int]:
     op = None if endpoint.method == "allgather" else as_reduce_op(_summed(endpoint.op))
     return signatures.encode(endpoint.method, value, op)
 
 
-def _mismatch(endpoint: CollectiveEndpoint, comm: Any, sig: list[int]) -> CollectiveMismatchError:
+def _mismatch(endpoint: CollectiveEndpoint, comm: Communicator, sig: list[int]) -> CollectiveMismatchError:
     """Every member's signature (one allgather, on this rare path), described."""
     import torch
 
@@ -402,7 +422,7 @@ def _mismatch(endpoint: CollectiveEndpoint, comm: Any, sig: list[int]) -> Collec
         rank=comm.rank)
 
 
-def _share_error(comm: Any, error: ErrorValue | None, src: int) -> ErrorValue:
+def _share_error(comm: Communicator, error: ErrorValue | None, src: int) -> ErrorValue:
     """Rank ``src``'s error value on every member: its pickled size, then its bytes, broadcast."""
 
     import torch
@@ -422,7 +442,7 @@ def _share_error(comm: Any, error: ErrorValue | None, src: int) -> ErrorValue:
     return pickle.loads(buf.cpu().numpy().tobytes())  # type: ignore[no-any-return]
 
 
-def _input_problem(endpoint: CollectiveEndpoint, comm: Any, value: Any) -> str | None:
+def _input_problem(endpoint: CollectiveEndpoint, comm: Communicator, value: UserValue) -> str | None:
     import torch
 
     if isinstance(value, ErrorValue):

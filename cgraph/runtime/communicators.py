@@ -31,8 +31,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
+from cgraph._boundary import ActorHandle, UserValue
 from cgraph.channels.shm_channel import ShmChannel
 from cgraph.comm.custom import as_cgraph, drop, initialize_custom
 from cgraph.comm.kinds import KINDS, GroupEndpoint, Made
@@ -43,11 +44,22 @@ from cgraph.runtime.options import CompileOptions
 from cgraph.scheduler.channels import ChannelKind, ChannelSpec, CommGroup
 
 if TYPE_CHECKING:
+    from cgraph.channels.shm_channel import ShmHandle
+    from cgraph.channels.socket_channel import SocketChannel
+    from cgraph.channels.socket_endpoint import SocketHandle
+    from cgraph.comm.kinds import Payload
     from cgraph.dag import FrontEnd
     from cgraph.scheduler import Planned
 
 SIDE_BUFFER = 4096
 """First slot size of a side channel (metadata is small; a larger item grows it once)."""
+
+
+class SocketOptions(TypedDict, total=False):
+    """``node_channel``'s arguments for the channels that are sockets."""
+
+    secret: bytes | None  # the graph's: socket endpoints prove they know it
+    tls: bool  # they run TLS first
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ class EdgeEndpoint:
     peer: str
     peer_rank: int
     group: str
-    side: Any  # the side channel's writer (sender) or reader (receiver) handle (shm or socket)
+    side: ShmHandle | SocketHandle  # the side channel's writer (sender) or reader (receiver) handle (shm or socket)
     hint: TensorHint | None
     method: str  # the producing method, for errors
 
@@ -88,16 +100,16 @@ class CommProgram:
 class CommResources:
     """Everything the driver made for a graph's communicators."""
 
-    channels: list[Any] = field(default_factory=list)  # ShmChannel or SocketChannel
-    keep_alive: list[Any] = field(default_factory=list)  # store actors serving rendezvous
+    channels: list[ShmChannel | SocketChannel | FaultBoard] = field(default_factory=list)
+    keep_alive: list[ActorHandle] = field(default_factory=list)  # store actors serving rendezvous
     programs: dict[str, CommProgram] = field(default_factory=dict)
-    sockets: dict[str, Any] = field(default_factory=dict)  # the graph's secret, tls: for sockets
+    sockets: SocketOptions = field(default_factory=SocketOptions)  # the graph's secret, tls: for sockets
     # how long a NCCL group's first handshake (in the first execution) waits for every rank:
     # the graph's get_timeout, since a get gives up then anyway; None: the rendezvous default
     rendezvous_timeout_s: float | None = None
-    ready: list[Any] = field(default_factory=list)  # user communicators initialized at compile
+    ready: list[tuple[ActorHandle, tuple[str, int]]] = field(default_factory=list)  # user communicators initialized at compile
 
-    def add(self, made: Made) -> list[Any]:
+    def add(self, made: Made) -> list[Payload]:
         """Keep what the driver made for one group (released at teardown); its payloads."""
         self.channels += made.channels
         self.keep_alive += made.keep_alive
@@ -127,7 +139,7 @@ class CommResources:
 
 # --------------------------------------------------------------------------- setup
 def setup_communicators(front: FrontEnd, planned: Planned, tag: str, options: CompileOptions,
-                        sockets: dict[str, Any] | None = None) -> CommResources:
+                        sockets: SocketOptions | None = None) -> CommResources:
     """Make every group and side channel of a planned graph (on the driver).
 
     Args:
@@ -178,11 +190,11 @@ def _program_of(programs: dict[str, CommProgram], actor: str) -> CommProgram:
     return programs[actor]
 
 
-def _make_group(res: CommResources, tag: str, group: CommGroup, obj: Any,
+def _make_group(res: CommResources, tag: str, group: CommGroup, obj: UserValue | None,
                 hosts: Mapping[str, str]) -> dict[str, GroupEndpoint]:
     n = len(group.members)
     payloads = res.add(KINDS[group.kind].make(tag, group.name, n, obj, res.rendezvous_timeout_s))
-    controls: list[Any] = [None] * n
+    controls: list[ShmHandle | SocketHandle | None] = [None] * n
     boards: list[BoardHandle | None] = [None] * n
     if not any(hosts[m] for m in group.members):
         shared = ShmChannel.create(tag, f"{group.name}.abort", num_readers=n, max_inflight=1, buffer_size=64)

@@ -41,13 +41,14 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import ray
 
+from cgraph._boundary import ActorHandle, UserValue
 from cgraph._log import logger
 from cgraph.errors import (
     ActorDiedError,
@@ -75,10 +76,12 @@ from cgraph.runtime.results import (
     Outputs,
     WouldBlock,
 )
-from cgraph.runtime.timeline import TIMELINE_ENV, collect, records
+from cgraph.runtime.timeline import TIMELINE_ENV, Track, collect, records
 
 if TYPE_CHECKING:
+    from cgraph.channels.base import ChannelWriter
     from cgraph.ir import Graph
+    from cgraph.runtime.endpoints import CopyingReader, FanOutWriter
     from cgraph.scheduler import Planned, Schedule
 
 # Code written for Ray Compiled Graphs catches Ray's classes: cgraph's errors are
@@ -109,7 +112,7 @@ class InputUsage:
         """How many positional arguments ``execute`` takes (as Ray counts them)."""
         return 1 if self.whole else max(self.positions, default=-1) + 1
 
-    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def check(self, args: tuple[UserValue, ...], kwargs: dict[str, UserValue]) -> None:
         """Raise ``ExecuteArgumentError`` (a ``ValueError``, with Ray's sentence first) when
         ``execute``'s arguments do not fit how the DAG reads them."""
         need = self.need
@@ -139,12 +142,33 @@ _RAY = "dag.execute() or dag.execute_async() must be called with"
 """Ray's sentence for execute() arguments that do not fit the DAG (users search for it)."""
 
 
+class DriverResource(Protocol):
+    """What the driver made for a graph (a channel, other nodes' segments, the communicators):
+    closed at teardown or after a death, then unlinked."""
+
+    def close(self) -> None: ...
+
+    def unlink(self) -> object: ...
+
+
+class Tracer(Protocol):
+    """What the runtime uses of ``cgraph.visualize`` (the compiler hands it the module)."""
+
+    def trace_of(self, tracks: Iterable[Track], notes: Mapping[str, str] | None = None) -> Mapping[str, object]: ...
+
+    def collective_notes(self, graph: Graph) -> Mapping[str, str]: ...
+
+    def explain(self, tracks: Iterable[Track], planned: Planned | None = None) -> Mapping[str, object]: ...
+
+    def draw_timeline(self, tracks: Iterable[Track], path: str | os.PathLike[str], executions: int = 3) -> Path: ...
+
+
 @dataclass
 class DriverEndpoints:
-    input_writer: Any  # writes (args, kwargs), or None when no actor reads the input
-    output_readers: dict[str, Any]  # output node -> reader
-    output_spec: tuple[tuple[str, Any], ...]  # per output position: ("node", id) | ("input", key)
-    resources: list[Any]  # channel resources to close and unlink at teardown
+    input_writer: ChannelWriter | FanOutWriter | None  # writes (args, kwargs), or None when no actor reads the input
+    output_readers: dict[str, CopyingReader]  # output node -> reader
+    output_spec: tuple[tuple[str, int | str | None], ...]  # per output position: ("node", id) | ("input", key)
+    resources: list[DriverResource]  # channel resources to close and unlink at teardown
 
 
 class CompiledGraph:
@@ -161,7 +185,7 @@ class CompiledGraph:
         loops: dict[str, ray.ObjectRef[str]],
         labels: dict[str, str],
         multi_output: bool,
-        handles: dict[str, Any] | None = None,
+        handles: dict[str, ActorHandle] | None = None,
         on_teardown: Callable[[], None] = lambda: None,
         tag: str = "",
     ) -> None:
@@ -180,8 +204,8 @@ class CompiledGraph:
         self._teardown_lock = threading.Lock()
         self._submitted = 0
         self._monitor: LoopMonitor | None = None
-        self.drawer: Any = None  # compiler.draw_schedule(planned, filename, format=, ...): set by the compiler
-        self.tracer: Any = None  # cgraph.visualize (trace_of, explain, draw_timeline): set by the compiler
+        self.drawer: Callable[..., str] | None = None  # compiler.draw_schedule(planned, filename, format=, ...): set by the compiler
+        self.tracer: Tracer | None = None  # cgraph.visualize (trace_of, explain, draw_timeline): set by the compiler
         self._tag = tag
         self._recorder = Recorder(2 * options.timeline_executions) if records(options) else None
         self._state = GraphState()
@@ -195,7 +219,7 @@ class CompiledGraph:
         """Per actor id, the ops its loop runs for one execution."""
         return self.planned.schedule
 
-    def execute(self, *args: Any, **kwargs: Any) -> CompiledRef | CompiledRefList:
+    def execute(self, *args: UserValue, **kwargs: UserValue) -> CompiledRef | CompiledRefList:
         """Submit one execution; returns a ref to read its result from.
 
         For a MultiOutputNode, a list of refs, one per output (as Ray's Compiled
@@ -211,7 +235,7 @@ class CompiledGraph:
         """
         return self._execute(args, kwargs, blocking=True)
 
-    def _execute(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> CompiledRef | CompiledRefList:
+    def _execute(self, args: tuple[UserValue, ...], kwargs: dict[str, UserValue], blocking: bool) -> CompiledRef | CompiledRefList:
         """execute(); with ``blocking=False``, raises ``_WouldBlock`` (nothing
         submitted) where it would have to wait: for another execute, for room, or
         for the input channel."""
@@ -240,7 +264,7 @@ class CompiledGraph:
             return CompiledRef(self, index)
         return CompiledRefList(CompiledRef(self, index, k) for k in range(len(self._ep.output_spec)))
 
-    async def execute_async(self, *args: Any, **kwargs: Any) -> CompiledFuture | CompiledFutureList:
+    async def execute_async(self, *args: UserValue, **kwargs: UserValue) -> CompiledFuture | CompiledFutureList:
         """``fut = await compiled.execute_async(x); result = await fut``.
 
         For a MultiOutputNode, a list of futures, one per output (``await futs[0]``,
@@ -263,7 +287,7 @@ class CompiledGraph:
         format: str = "png",
         view: bool = False,
         channel_details: bool = False,
-    ) -> Any:
+    ) -> str:
         """Write the schedule picture (moved ops in red when overlap is on).
 
         Ray Compiled Graphs' arguments and return type: the picture's DOT source as a
@@ -274,7 +298,7 @@ class CompiledGraph:
             raise RuntimeError("this graph was started without cgraph.compile, which gives it a way to draw")
         return self.drawer(self.planned, filename, format=format, view=view, channel_details=channel_details)
 
-    def timeline(self, path: str | os.PathLike[str] | None = None, executions: int = 3) -> Any:
+    def timeline(self, path: str | os.PathLike[str] | None = None, executions: int = 3) -> Mapping[str, object] | Path:
         """The recorded executions as Chrome trace-event JSON (open it in ui.perfetto.dev),
         or as a Gantt picture when ``path`` ends in .png, .svg or .pdf.
 
@@ -289,6 +313,7 @@ class CompiledGraph:
                 ``CGRAPH_TIMELINE``), or without ``cgraph.compile``.
         """
         tracks = self._tracks()
+        assert self.tracer is not None  # _tracks() raised without one
         if path is not None and Path(path).suffix.lower() in (".png", ".svg", ".pdf"):
             return self.tracer.draw_timeline(tracks, path, executions=executions)
         trace = self.tracer.trace_of(tracks, self.tracer.collective_notes(self.planned.graph))
@@ -297,7 +322,7 @@ class CompiledGraph:
         Path(path).write_text(json.dumps(trace))
         return Path(path)
 
-    def timeline_summary(self) -> Any:
+    def timeline_summary(self) -> Mapping[str, object]:
         """What the recorded executions measured, and what the schedule simulator predicts.
 
         Returns a ``cgraph.visualize.TimelineSummary``: a mapping from each process
@@ -311,9 +336,11 @@ class CompiledGraph:
         Raises:
             RuntimeError: as ``timeline``.
         """
-        return self.tracer.explain(self._tracks(), self.planned)
+        tracks = self._tracks()
+        assert self.tracer is not None  # _tracks() raised without one
+        return self.tracer.explain(tracks, self.planned)
 
-    def _tracks(self) -> list[Any]:
+    def _tracks(self) -> list[Track]:
         if self._recorder is None or self.tracer is None:
             raise RuntimeError("this graph records no timeline: compile it with cgraph.compile(dag, "
                                f"timeline=True), or set {TIMELINE_ENV}=<file.json>")
@@ -397,7 +424,7 @@ class CompiledGraph:
     def _start_monitor(self, monitor: LoopMonitor) -> None:
         self._monitor = monitor
 
-    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
+    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> UserValue:
         """For refs (``refs.Results``): execution ``index``'s result, or its output ``output``."""
         return self._outputs.get(index, timeout, output)
 
@@ -411,7 +438,8 @@ class CompiledGraph:
         for res in self._ep.resources:
             _quietly(res.close)
 
-    def _write_input(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> None:
+    def _write_input(self, args: tuple[UserValue, ...], kwargs: dict[str, UserValue], blocking: bool) -> None:
+        assert self._ep.input_writer is not None  # _execute writes only where an actor reads the input
         try:
             self._ep.input_writer.write((args, kwargs), timeout=self.options.submit_timeout if blocking else 0)
         except ChannelTimeoutError:
@@ -433,7 +461,7 @@ class CompiledGraph:
             ) from exc
 
 
-def _quietly(fn: Callable[[], Any]) -> None:
+def _quietly(fn: Callable[[], object]) -> None:
     with contextlib.suppress(Exception):  # best-effort cleanup
         fn()
 

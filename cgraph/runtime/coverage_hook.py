@@ -12,23 +12,29 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from typing import Protocol
 
 _SAVING = threading.Lock()  # coverage's data file is not safe for two savers at once
 
 
-def trace_this_thread() -> Any:
+class Measuring(Protocol):
+    """What ``coverage.Coverage.current()`` returns (coverage is imported only where it runs)."""
+
+    def save(self) -> None: ...
+
+
+def trace_this_thread() -> Measuring | None:
     """Trace the calling thread if coverage measures this process and nothing traces it
     yet; returns what to ``save`` when the loop ends (None: nothing)."""
     coverage = sys.modules.get("coverage")
-    current = coverage.Coverage.current() if coverage is not None else None
+    current: Measuring | None = coverage.Coverage.current() if coverage is not None else None
     if current is None or not isinstance(threading.current_thread(), threading._DummyThread):
         return None
     sys.settrace(threading._trace_hook)  # type: ignore[attr-defined] # coverage's, set at start
     return current
 
 
-def save(current: Any) -> None:
+def save(current: Measuring | None) -> None:
     if current is not None:
         with _SAVING:
             try:

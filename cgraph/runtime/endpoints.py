@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
+from cgraph._boundary import UserValue
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
 from cgraph.channels.relay import RelayHandle
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle, ShmReader
@@ -25,20 +26,34 @@ from cgraph.runtime.options import CompileOptions
 from cgraph.scheduler.channels import ChannelKind, ChannelSpec
 
 if TYPE_CHECKING:
+    from cgraph.channels.base import ChannelHandle, ChannelReader, ChannelWriter
     from cgraph.channels.socket_channel import SocketChannel
     from cgraph.scheduler import Planned
+
+
+class Resource(Protocol):
+    """What ``create_channel`` makes: a channel's endpoint handles, closed and unlinked at teardown."""
+
+    def writer_handle(self) -> ChannelHandle: ...
+
+    def reader_handle(self, reader: str) -> ChannelHandle: ...
+
+    def close(self) -> None: ...
+
+    def unlink(self) -> None: ...
 
 
 class _ChannelResource:
     """A channel the driver made (``self.channel``), read by ``self.readers`` in order."""
 
     readers: tuple[str, ...]
-    channel: Any
+    channel: ShmChannel | RemoteShm | SocketChannel
 
-    def writer_handle(self) -> Any:
+    def writer_handle(self) -> ChannelHandle:
         return self.channel.writer_handle()
 
-    def reader_handle(self, reader: str) -> Any:
+    def reader_handle(self, reader: str) -> ChannelHandle:
+        assert not isinstance(self.channel, RemoteShm)  # _ShmResource's own reader_handle takes it
         return self.channel.reader_handle(self.readers.index(reader))
 
     def close(self) -> None:
@@ -62,6 +77,8 @@ class Allocation:
 class _ShmResource(_ChannelResource):
     """An SHM channel: made here when its node is the driver's, else by that node's agent."""
 
+    channel: ShmChannel | RemoteShm
+
     def __init__(self, spec: ChannelSpec, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.readers = tuple(spec.readers)
         made = alloc.remote.get(spec.id)
@@ -70,7 +87,7 @@ class _ShmResource(_ChannelResource):
             max_inflight=alloc.options.max_inflight_executions,
             buffer_size=alloc.options.buffer_size_bytes)
 
-    def reader_handle(self, reader: str) -> Any:
+    def reader_handle(self, reader: str) -> ChannelHandle:
         if isinstance(self.channel, RemoteShm):
             return self.channel.reader_handle(reader)
         return super().reader_handle(reader)
@@ -101,10 +118,10 @@ class _CommResource:
     def __init__(self, spec: ChannelSpec, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.id = spec.id
 
-    def writer_handle(self) -> Any:
+    def writer_handle(self) -> ChannelHandle:
         raise CompileError(f"channel {self.id} goes through a communicator: SEND/RECV ops move it")
 
-    def reader_handle(self, reader: str) -> Any:
+    def reader_handle(self, reader: str) -> ChannelHandle:
         return self.writer_handle()
 
     def close(self) -> None:
@@ -119,18 +136,20 @@ class _SocketResource(_ChannelResource):
     driver's control server. With several readers there, the first one's process relays
     each value into a shared-memory channel of that node that they all read (``relay``)."""
 
+    channel: SocketChannel
+
     def __init__(self, spec: ChannelSpec, alloc: Allocation, ends: tuple[str, str]) -> None:
         self.readers = tuple(spec.readers)
         options = alloc.options
         self.channel = socket_channel(alloc.tag, spec.id, options.max_inflight_executions,
                                       secret=alloc.secret, max_value_bytes=options.max_value_bytes,
                                       ends=ends, tls=alloc.tls)
-        self.landing: Any = None
+        self.landing: ShmChannel | RemoteShm | None = None
         if len(self.readers) > 1:
             landing = replace(spec, id=f"{spec.id}.relay")
             self.landing = _ShmResource(landing, alloc, ends).channel
 
-    def reader_handle(self, reader: str) -> Any:
+    def reader_handle(self, reader: str) -> ChannelHandle:
         if self.landing is None:
             return self.channel.reader_handle(0)
         index = self.readers.index(reader)
@@ -198,13 +217,15 @@ def node_channel(tag: str, channel_id: str, hosts: tuple[str, str], *, max_infli
                              buffer_size=buffer_size)
 
 
-_RESOURCES = {"SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResource,
-              "CROSS_NODE": _SocketResource}
+_RESOURCES: dict[str, Callable[[ChannelSpec, Allocation, tuple[str, str]], Resource]] = {
+    "SHM": _ShmResource, "INTRA": _IntraResource, "COMM": _CommResource,
+    "CROSS_NODE": _SocketResource,
+}
 
 
 def create_channel(spec: ChannelSpec, *, tag: str, options: CompileOptions, secret: bytes | None = None,
                    ends: tuple[str, str] = ("", ""),
-                   remote: Mapping[str, ShmHandle] | None = None, tls: bool = False) -> Any:
+                   remote: Mapping[str, ShmHandle] | None = None, tls: bool = False) -> Resource:
     """Allocate what one channel needs on the driver.
 
     Args:
@@ -236,10 +257,10 @@ class FanOutWriter:
     the monitor, which wakes this write).
     """
 
-    def __init__(self, writers: list[Any]) -> None:
+    def __init__(self, writers: list[ChannelWriter]) -> None:
         self._writers = writers
 
-    def write(self, value: Any, timeout: float | None = None) -> None:
+    def write(self, value: UserValue, timeout: float | None = None) -> None:
         first, *rest = self._writers
         first.write(value, timeout=timeout)
         for writer in rest:
@@ -254,7 +275,7 @@ class FanOutWriter:
             writer.detach()
 
 
-def forget_local(handles: list[Any]) -> None:
+def forget_local(handles: list[ChannelHandle]) -> None:
     """Forget the in-process channels behind ``handles`` (at the end of an actor loop)."""
     for h in handles:
         if isinstance(h, IntraHandle):
@@ -264,11 +285,11 @@ def forget_local(handles: list[Any]) -> None:
 class CopyingReader:
     """A driver-side reader whose values outlive ``release()``: one copy of the slot."""
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: ChannelReader) -> None:
         self._reader = reader
         # the reader's own methods, bound once: one Python frame less per read and release
         if isinstance(reader, ShmReader):
-            self.read: Callable[..., Any] = functools.partial(reader.read, copy=True)
+            self.read: Callable[..., UserValue] = functools.partial(reader.read, copy=True)
         else:
             self.read = reader.read  # in-process values are never views of a slot
         self.release: Callable[[], None] = reader.release

@@ -19,16 +19,25 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from functools import partial
 from types import CoroutineType
-from typing import Any, cast
+from typing import cast
 
 from cgraph import _spans
+from cgraph._boundary import UserValue
+from cgraph.channels.base import ChannelReader
 from cgraph.channels.intra_channel import IntraWriter
 from cgraph.channels.opener import open_reader, open_writer
 from cgraph.channels.shm_channel import ShmWriter
 from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError, add_note
 from cgraph.runtime import coverage_hook
 from cgraph.runtime.affinity import pin_thread
-from cgraph.runtime.comm_ops import Pending, comm_state, handle_collective, handle_recv, handle_send
+from cgraph.runtime.comm_ops import (
+    CommState,
+    Pending,
+    comm_state,
+    handle_collective,
+    handle_recv,
+    handle_send,
+)
 from cgraph.runtime.endpoints import forget_local
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.node_channels import watch_node
@@ -56,7 +65,7 @@ class Context:
         self.instance = instance
         self.program = program
         self.execution = 0
-        self.values: dict[str, Any] = {}
+        self.values: dict[str, UserValue] = {}
         self.readers = {node: open_reader(h) for node, h in program.readers.items()}
         self.writers = {
             node: tuple(open_writer(h) for h in hs) for node, hs in program.writers.items()
@@ -70,9 +79,9 @@ class Context:
             if ws and all(isinstance(w, IntraWriter) for w in ws)
         )
         self.fenced = after_overlapped_sends(program.ops)  # computes that wait for SENDs (comm_ops)
-        self.methods: dict[str, Callable[..., Any]] = {}
-        self.to_release: list[Any] = []
-        self.comm_state: Any = None  # the communicators' state, made by the first comm op (comm_ops)
+        self.methods: dict[str, Callable[..., UserValue]] = {}
+        self.to_release: list[ChannelReader] = []
+        self.comm_state: CommState | None = None  # the communicators' state, made by the first comm op (comm_ops)
         self.recorder: Recorder | None = None  # set when the graph records a timeline (recording.py)
         self.event_loop: asyncio.AbstractEventLoop | None = None  # for async methods, made on first use
         self.end_hooks: list[Callable[[], None]] = []  # run at the end of every execution
@@ -82,13 +91,13 @@ class Context:
             opened = [*self.readers.values(), *(w for ws in self.writers.values() for w in ws)]
             self.close_hooks.append(watch_node(node, opened))
 
-    def method(self, name: str) -> Callable[..., Any]:
+    def method(self, name: str) -> Callable[..., UserValue]:
         fn = self.methods.get(name)
         if fn is None:
             fn = self.methods[name] = getattr(self.instance, name)
         return fn
 
-    def run_coroutine(self, coro: Coroutine[Any, Any, Any]) -> Any:
+    def run_coroutine(self, coro: Coroutine[object, None, UserValue]) -> UserValue:
         """Finish an ``async def`` method's coroutine on this loop's own event loop.
 
         The loop thread has no running event loop (Ray runs ``__ray_call__`` of an
@@ -101,7 +110,7 @@ class Context:
             self.close_hooks.append(loop.close)
         return loop.run_until_complete(coro)
 
-    def value(self, node: str) -> Any:
+    def value(self, node: str) -> UserValue:
         """The value of ``node`` in this execution, waiting for it if it is in flight."""
         value = self.values[node]
         if isinstance(value, Pending):
@@ -242,7 +251,7 @@ def compute_step(op: Op, ctx: Context) -> Step:
     values, input_node = ctx.values, cast(str, ctx.program.input_node)  # None: no InputNode, so no ARG_INPUT
     fence = op.node in ctx.fenced  # a SEND may still read a tensor this method could update
 
-    def resolve(kind: int, what: Any) -> Any:
+    def resolve(kind: int, what: UserValue) -> UserValue:
         if kind == ARG_VALUE:
             value = values[what]
             if type(value) is Pending:
@@ -267,7 +276,7 @@ def compute_step(op: Op, ctx: Context) -> Step:
                 args.append(resolve(kind, what))
             kwargs = {key: resolve(*arg) for key, arg in spec.kwargs} if spec.kwargs else {}
         except _Upstream as up:  # an upstream method failed: skip this one
-            result: Any = up.error
+            result: UserValue = up.error
         else:
             try:
                 result = ctx.method(spec.method)(*args, **kwargs)
@@ -299,7 +308,7 @@ def after_overlapped_sends(ops: tuple[Op, ...]) -> frozenset[str]:
     return frozenset(nodes)
 
 
-def _returns(spec: ComputeSpec, result: Iterable[Any]) -> tuple[Any, ...]:
+def _returns(spec: ComputeSpec, result: Iterable[UserValue]) -> tuple[UserValue, ...]:
     """A ``num_returns > 1`` method's values, checked against the bound count."""
     result = tuple(result)
     if len(result) != spec.num_returns:
@@ -340,7 +349,7 @@ def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
     timed: list[Step] = []
     labels: list[str | None] = []
     kinds: list[tuple[str, str] | None] = []  # (op kind, method) per step, for Ray's events
-    sized: list[list[Any]] = []  # [step, size(), values in a row that had no buffer]
+    sized: list[list[int | Callable[[object], int | None]]] = []  # [step, size(), values in a row that had no buffer]
     for op, step in zip(program.ops, steps, strict=True):
         waits = _waiting(op, ctx) if op.kind is OpKind.COMPUTE and op.stream is not Stream.COMM else None
         if waits is not None:
@@ -365,9 +374,9 @@ def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
             mark(now())
         sizes: list[int | None] = [None] * len(names)
         for entry in sized:  # the values are still here until end_execution
-            if entry[2] < _SIZE_TRIES:  # a node whose values never had a buffer: not looked at again
-                got = sizes[entry[0]] = entry[1](None)
-                entry[2] = 0 if got is not None else entry[2] + 1
+            if cast(int, entry[2]) < _SIZE_TRIES:  # a node whose values never had a buffer: not looked at again
+                got = sizes[cast(int, entry[0])] = cast("Callable[[object], int | None]", entry[1])(None)
+                entry[2] = 0 if got is not None else cast(int, entry[2]) + 1
         add(ctx.execution, names, stamps, sizes)
         if ray_events is not None:
             ray_events(stamps)
@@ -389,11 +398,11 @@ _SIZE_TRIES = 8
 had no buffer (an edge's values keep their type: a few us per execution saved)."""
 
 
-def value_size(ctx: Context, node: str) -> Callable[[Any], int | None]:
+def value_size(ctx: Context, node: str) -> Callable[[object], int | None]:
     """For a recorded event: the bytes of ``node``'s value (None while it is in flight)."""
     values = ctx.values
 
-    def size(_: Any) -> int | None:
+    def size(_: object) -> int | None:
         value = values.get(node)
         return None if type(value) in NO_BUFFER else nbytes(value)  # the common small values: one lookup
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import ray
 
+from cgraph._boundary import ActorHandle
 from cgraph._log import logger
 from cgraph.channels import tls
 from cgraph.channels.base import ChannelWriter
@@ -46,13 +47,16 @@ from cgraph.runtime.timeline import ray_profiling, records, torch_profiles
 from cgraph.scheduler.ops import OpKind
 
 if TYPE_CHECKING:
+    from cgraph.channels.base import ChannelHandle
     from cgraph.dag import FrontEnd
+    from cgraph.runtime.compiled_graph import DriverResource
+    from cgraph.runtime.endpoints import Resource
     from cgraph.scheduler import Planned
 
 _ACTORS_IN_USE: dict[str, int] = {}  # Ray actor id -> compiled graph id
 
 
-def _actor_key(handle: Any) -> str:
+def _actor_key(handle: ActorHandle) -> str:
     actor_id = getattr(handle, "_ray_actor_id", None)
     return actor_id.hex() if actor_id is not None else str(id(handle))
 
@@ -75,7 +79,7 @@ def input_usage(graph: Graph) -> InputUsage:
     return InputUsage(whole, frozenset(positions), frozenset(keys))
 
 
-def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
+def _output_spec(graph: Graph) -> tuple[tuple[str, int | str | None], ...]:
     spec: list[tuple[str, int | str | None]] = []
     for out in graph.outputs:
         node = graph.node(out)
@@ -88,8 +92,8 @@ def _output_spec(graph: Graph) -> tuple[tuple[str, Any], ...]:
     return tuple(spec)
 
 
-def _allocate(planned: Planned, handles: Mapping[str, Any], tag: str, options: CompileOptions,
-              secret: bytes, resources: dict[str, Any], use_tls: bool) -> None:
+def _allocate(planned: Planned, handles: Mapping[str, ActorHandle], tag: str, options: CompileOptions,
+              secret: bytes, resources: dict[str, DriverResource], use_tls: bool) -> None:
     """Make every channel into ``resources`` (also when one fails, so all can be freed):
     other nodes' shared memory first, through one actor of each (its *agent*)."""
     graph: Graph = planned.graph
@@ -105,7 +109,7 @@ def _allocate(planned: Planned, handles: Mapping[str, Any], tag: str, options: C
 
 
 def _node_watch(actor: str, program: ActorProgram, tag: str, secret: bytes,
-                resources: dict[str, Any], use_tls: bool) -> NodeWatch | None:
+                resources: dict[str, DriverResource], use_tls: bool) -> NodeWatch | None:
     """For an actor off the driver's node that uses its node's shared memory: a channel
     the driver closes to close them (teardown, a failure) and their names; else None."""
     handles = [*program.readers.values(), *(h for hs in program.writers.values() for h in hs)]
@@ -127,10 +131,10 @@ def _describe(graph: Graph, role: str, actor: str) -> str:
     return f"{role} {found.id} ({found.cls}) on {where}"
 
 
-def _program(actor: str, label: str, planned: Planned, resources: dict[str, Any], tag: str) -> ActorProgram:
+def _program(actor: str, label: str, planned: Planned, resources: Mapping[str, Resource], tag: str) -> ActorProgram:
     graph, plan = planned.graph, planned.plan
-    readers: dict[str, Any] = {}
-    writers: dict[str, tuple[Any, ...]] = {}
+    readers: dict[str, ChannelHandle] = {}
+    writers: dict[str, tuple[ChannelHandle, ...]] = {}
     computes = {}
     for op in planned.schedule[actor]:
         if op.kind is OpKind.READ:
@@ -156,7 +160,7 @@ def _program(actor: str, label: str, planned: Planned, resources: dict[str, Any]
     )
 
 
-def _driver_endpoints(planned: Planned, resources: dict[str, Any]) -> DriverEndpoints:
+def _driver_endpoints(planned: Planned, resources: Mapping[str, Resource]) -> DriverEndpoints:
     graph, plan = planned.graph, planned.plan
     inp = graph.input_node()
     writer: ChannelWriter | FanOutWriter | None = None
@@ -168,13 +172,14 @@ def _driver_endpoints(planned: Planned, resources: dict[str, Any]) -> DriverEndp
     readers = {}
     for kind, node in _output_spec(graph):
         if kind == "node" and node not in readers:
+            assert isinstance(node, str)  # ("node", node id)
             spec = plan.for_reader(node, DRIVER)
             assert spec is not None  # every output the driver reads has its channel
             readers[node] = CopyingReader(open_reader(resources[spec.id].reader_handle(DRIVER)))
     return DriverEndpoints(writer, readers, _output_spec(graph), list(resources.values()))
 
 
-def _start_loops(handles: Mapping[str, Any], programs: dict[str, ActorProgram], tag: str) -> dict[str, ray.ObjectRef[str]]:
+def _start_loops(handles: Mapping[str, ActorHandle], programs: dict[str, ActorProgram], tag: str) -> dict[str, ray.ObjectRef[str]]:
     """Start each actor's loop; returns the loops' object refs by actor.
 
     The loop runs in Ray's "_ray_system" concurrency group (one thread, made for
@@ -206,7 +211,7 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
     secret = new_secret()  # reaches the actors inside their programs, through Ray's own calls
     use_tls = tls.wanted(options.tls)
     labels = {a.id: f"{a.id} ({a.cls})" for a in graph.actors}
-    resources: dict[str, Any] = {}
+    resources: dict[str, DriverResource] = {}
     try:
         _allocate(planned, handles, tag, options, secret, resources, use_tls)
         comm = setup_communicators(front, planned, tag, options,  # groups + side channels
@@ -216,13 +221,13 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
         local = {a.id for a in graph.actors if not a.host}
         programs = {}
         for a in planned.schedule:
-            program = _program(a, labels[a], planned, resources, tag)
+            program = _program(a, labels[a], planned, cast("Mapping[str, Resource]", resources), tag)  # by channel id
             watch = _node_watch(a, program, tag, secret, resources, use_tls) if a not in local else None
             programs[a] = replace(program, comm=comm.program_of(a), node_watch=watch,
                                   cpu_affinity=cpus if a in local else None,
                                   timeline=options.timeline_executions if records(options) else None,
                                   ray_events=ray_profiling(), torch_profiles=torch_profiles())
-        endpoints = _driver_endpoints(planned, resources)
+        endpoints = _driver_endpoints(planned, cast("Mapping[str, Resource]", resources))
     except Exception:
         for res in resources.values():
             res.unlink()
@@ -306,7 +311,7 @@ def locate_actors(front: FrontEnd) -> Graph:
     return replace(graph, actors=actors)
 
 
-def _locate(actor: Any) -> tuple[str, tuple[str, ...]]:
+def _locate(actor: object) -> tuple[str, tuple[str, ...]]:
     """In an actor: where Ray put it (``gpu_placement.placement``). Defined here so that
     the actor imports this module, and with it the loop's (the executor's), now and not
     in its loop's first run. That import is about 0.3 s of CPU; taken at the loop's start,

@@ -24,12 +24,12 @@ died keeps segments whose creator is dead, which the next agent's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import ray
 
+from cgraph._boundary import ActorHandle
 from cgraph.channels.relay import RelayReader
 from cgraph.channels.segments import cleanup_stale_segments, unlink_channel
 from cgraph.channels.shm_channel import ShmChannel, ShmHandle, ShmReader, ShmWriter
@@ -70,7 +70,7 @@ class RemoteSegments:
     """The channels other nodes made for one graph (a driver resource): their actors close
     and unlink them; only a compile that fails after making them asks the agents to."""
 
-    def __init__(self, agents: Mapping[str, Any], wanted: Mapping[str, list[tuple[str, int]]]) -> None:
+    def __init__(self, agents: Mapping[str, ActorHandle], wanted: Mapping[str, list[tuple[str, int]]]) -> None:
         self.agents, self.wanted = agents, wanted
         self.handles: dict[str, ShmHandle] = {}
 
@@ -93,12 +93,12 @@ class RemoteSegments:
             pass
 
 
-def _unlink_all(_self: Any, names: list[str]) -> None:
+def _unlink_all(_self: object, names: list[str]) -> None:
     for name in names:
         unlink_channel(name)
 
 
-def make_remote(requests: Mapping[str, list[tuple[str, int]]], agents: Mapping[str, Any],
+def make_remote(requests: Mapping[str, list[tuple[str, int]]], agents: Mapping[str, ActorHandle],
                 tag: str, max_inflight: int, buffer_size: int) -> dict[str, ShmHandle]:
     """Have each node's agent make that node's channels; returns their handles by id.
 
@@ -126,7 +126,7 @@ def make_remote(requests: Mapping[str, list[tuple[str, int]]], agents: Mapping[s
     return handles
 
 
-def make_segments(_self: Any, tag: str, items: list[tuple[str, int]], max_inflight: int,
+def make_segments(_self: object, tag: str, items: list[tuple[str, int]], max_inflight: int,
                   buffer_size: int) -> list[ShmHandle]:
     """In an actor (``__ray_call__``): make this node's channels (after freeing the
     segments of creators that died here)."""
@@ -135,11 +135,11 @@ def make_segments(_self: Any, tag: str, items: list[tuple[str, int]], max_inflig
                               buffer_size=buffer_size).handle for cid, readers in items]
 
 
-def watch_node(node: NodeWatch, opened: list[Any]) -> Callable[[], None]:
+def watch_node(node: NodeWatch, opened: Iterable[object]) -> Callable[[], None]:
     """In an actor: close its ends of its node's channels (among the endpoints it
     ``opened``) when the driver closes the watch; returns what the loop's end calls
     (stop watching, unlink the node's channels)."""
-    endpoints: list[Any] = []
+    endpoints: list[ShmReader | ShmWriter] = []
     for endpoint in opened:
         if isinstance(endpoint, RelayReader):
             endpoints += endpoint.shm_endpoints()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+
+from cgraph._boundary import UserValue
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,8 @@ class CompileOptions:
     submit_timeout: float | None = 10.0
     get_timeout: float | None = None
     enable_asyncio: bool = False
-    default_communicator: Any = None
-    cpu_affinity: Any = None  # None | "colocate" | set of CPU ids (see runtime/affinity.py)
+    default_communicator: str | UserValue | None = None  # a name, or the user's communicator object
+    cpu_affinity: str | Iterable[int] | None = None  # None | "colocate" | set of CPU ids (see runtime/affinity.py)
     max_value_bytes: int = 16 << 30  # the largest value a cross-node channel carries
     tls: bool | None = None  # TLS on every socket; None: CGRAPH_TLS / RAY_USE_TLS decide
     timeline: bool | None = None  # record op events; None: on when CGRAPH_TIMELINE is set

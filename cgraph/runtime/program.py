@@ -16,8 +16,9 @@ Argument specs are tuples, resolved once on the driver:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cgraph._boundary import UserValue
 from cgraph.ir import Const, Graph, Node, NodeKind, Ref
 from cgraph.scheduler.ops import Op
 
@@ -30,7 +31,7 @@ ARG_VALUE = 0
 ARG_CONST = 1
 ARG_INPUT = 2
 
-ArgSpec = tuple[int, Any]
+ArgSpec = tuple[int, UserValue]  # (ARG_*, a node id, a constant of the DAG, an input's index or key)
 
 
 @dataclass(frozen=True, slots=True)

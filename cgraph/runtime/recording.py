@@ -35,7 +35,12 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from cgraph._boundary import UserValue
+
+if TYPE_CHECKING:
+    from ray.dag.compiled_dag_node import _ExecutableTaskRecord
 
 Event = tuple[str, str, int, int, int, int | None]
 """(op text, track, execution, start_ns, end_ns, nbytes)."""
@@ -47,6 +52,15 @@ _KEEP_GRAPHS = 4
 until fetched, and a long-lived actor must not keep every graph's."""
 _RECORDERS: collections.OrderedDict[str, Recorder] = collections.OrderedDict()
 _REGISTRY_LOCK = threading.Lock()
+
+_T = TypeVar("_T")
+
+
+class Owner(Protocol):
+    """What ``Recorder.timed`` reads the execution index from (``At``, or a loop's context)."""
+
+    @property
+    def execution(self) -> int: ...
 
 
 class Recorder:
@@ -74,15 +88,15 @@ class Recorder:
                        for i, label in enumerate(labels) if label is not None]
         return events
 
-    def timed(self, op: str, track: str, owner: Any, run: Callable[[], Any],
-              size: Callable[[Any], int | None] | None = None) -> Callable[[], Any]:
+    def timed(self, op: str, track: str, owner: Owner, run: Callable[[], _T],
+              size: Callable[[_T], int | None] | None = None) -> Callable[[], _T]:
         """``run`` wrapped so that each call that returns adds one event (its start and end);
         ``owner.execution`` is the execution it belongs to (read when the call starts);
         ``size(returned value)`` gives the event's bytes. A call that raises (the loop
         ending at teardown, an abort) adds none."""
         now, append = time.perf_counter_ns, self._events.append
 
-        def recorded() -> Any:
+        def recorded() -> _T:
             index, start = owner.execution, now()
             value = run()
             end = now()
@@ -92,7 +106,7 @@ class Recorder:
         return recorded
 
 
-def nbytes(value: Any, depth: int = 0) -> int | None:
+def nbytes(value: UserValue, depth: int = 0) -> int | None:
     """Bytes of the arrays and tensors in ``value`` (lists, tuples and dicts looked into
     two levels deep); None when there is none to count (a plain object is pickled: its
     size is not known without pickling it again). One dict lookup per value's type
@@ -104,7 +118,7 @@ def nbytes(value: Any, depth: int = 0) -> int | None:
     return sizer(value, depth)
 
 
-def _sizer(kind: type) -> Callable[[Any, int], int | None]:
+def _sizer(kind: type) -> Callable[[UserValue, int], int | None]:
     if issubclass(kind, bytes | bytearray):
         return lambda value, depth: len(value)
     if isinstance(getattr(kind, "nbytes", None), property | types.GetSetDescriptorType | types.MemberDescriptorType):
@@ -114,7 +128,7 @@ def _sizer(kind: type) -> Callable[[Any, int], int | None]:
     return lambda value, depth: None
 
 
-def _items_size(value: Any, depth: int) -> int | None:
+def _items_size(value: list[object] | tuple[object, ...] | dict[object, object], depth: int) -> int | None:
     if depth >= 2:
         return None
     sizes = [nbytes(item, depth + 1) for item in (value.values() if isinstance(value, dict) else value)]
@@ -122,12 +136,12 @@ def _items_size(value: Any, depth: int) -> int | None:
     return sum(counted) if counted else None
 
 
-_SIZERS: dict[type, Callable[[Any, int], int | None]] = {}
+_SIZERS: dict[type, Callable[[UserValue, int], int | None]] = {}
 NO_BUFFER = frozenset({int, float, bool, complex, str, type(None)})
 """Types whose values ``nbytes`` never counts (a caller on a hot path checks this first)."""
 
 
-def _copy(ring: collections.deque[Any]) -> list[Any]:
+def _copy(ring: collections.deque[_T]) -> list[_T]:
     while True:
         try:
             return list(ring)
@@ -212,7 +226,7 @@ def ray_task_events(instance: object, steps: list[tuple[str, str] | None]) -> Ca
             first_read = None
     if not hasattr(instance, RAY_EVENTS_ATTR):
         setattr(instance, RAY_EVENTS_ATTR, [])
-    events: list[Any] = getattr(instance, RAY_EVENTS_ATTR)
+    events: list[_ExecutableTaskRecord] = getattr(instance, RAY_EVENTS_ATTR)
 
     def record(stamps: list[int]) -> None:
         for bind_index, (method, read, compute, end) in enumerate(tasks):
@@ -225,7 +239,7 @@ def ray_task_events(instance: object, steps: list[tuple[str, str] | None]) -> Ca
     return record
 
 
-def torch_profiling(directory: str | None) -> contextlib.AbstractContextManager[Any]:
+def torch_profiling(directory: str | None) -> contextlib.AbstractContextManager[object]:
     """Ray's ``RAY_CGRAPH_ENABLE_TORCH_PROFILING``: the actor's loop runs under torch's
     profiler (CPU, and CUDA where there is a GPU), which writes one trace file for this actor
     into ``directory`` when the loop ends (teardown). None: nothing is wrapped."""

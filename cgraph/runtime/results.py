@@ -25,10 +25,12 @@ import asyncio
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Generator, Mapping
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ray.experimental.compiled_dag_ref import CompiledDAGFuture, CompiledDAGRef
 
+from cgraph._boundary import UserValue
 from cgraph.errors import (
     CapacityError,
     ChannelClosedError,
@@ -46,6 +48,7 @@ from cgraph.runtime.monitor import DEATH_GRACE_S
 from cgraph.runtime.options import CompileOptions
 
 if TYPE_CHECKING:
+    from cgraph.runtime.endpoints import CopyingReader
     from cgraph.runtime.recording import Recorder
 
 
@@ -94,6 +97,16 @@ class WouldBlock(Exception):  # noqa: N818 - control flow between execute() and 
     """A non-blocking submit (execute_async's first try) would have to wait."""
 
 
+class OutputEnds(Protocol):
+    """What ``Outputs`` reads through: the driver's endpoints (``compiled_graph.DriverEndpoints``)."""
+
+    @property
+    def output_readers(self) -> Mapping[str, CopyingReader]: ...  # output node -> reader
+
+    @property
+    def output_spec(self) -> tuple[tuple[str, int | str | None], ...]: ...  # ("node", id) | ("input", key)
+
+
 class Outputs:
     """Reads, buffers and hands out the outputs of executions (see the module docstring).
 
@@ -103,7 +116,7 @@ class Outputs:
         recorder: the timeline's recorder, or None when the graph records none.
     """
 
-    def __init__(self, options: CompileOptions, endpoints: Any, multi_output: bool,
+    def __init__(self, options: CompileOptions, endpoints: OutputEnds, multi_output: bool,
                  recorder: Recorder | None, state: GraphState) -> None:
         self.options = options
         self._ep = endpoints
@@ -113,11 +126,11 @@ class Outputs:
         self.lock = threading.RLock()
         self._dropped: collections.deque[tuple[int, int | None]] = collections.deque()
         self._next_read = 0
-        self._partial: dict[str, Any] = {}
-        self._results: dict[int, Any] = {}
+        self._partial: dict[str, UserValue] = {}
+        self._results: dict[int, list[UserValue]] = {}
         self._discarded: set[int] = set()
         self._unread: dict[int, int] = {}  # multi-output: outputs not yet read or dropped
-        self._inputs_kept: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self._inputs_kept: dict[int, tuple[tuple[UserValue, ...], dict[str, UserValue]]] = {}
         self._keeps_inputs = any(kind == "input" for kind, _ in endpoints.output_spec)
         # one output, a node's value: get() reads it straight from its channel (_get_single)
         self._single = (next(iter(endpoints.output_readers.values()))
@@ -125,7 +138,7 @@ class Outputs:
                         and [k for k, _ in endpoints.output_spec] == ["node"] else None)
 
     # ------------------------------------------------------------------ for execute()
-    def keep_inputs(self, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def keep_inputs(self, index: int, args: tuple[UserValue, ...], kwargs: dict[str, UserValue]) -> None:
         """Before execution ``index`` is written: an output that is the input itself needs them."""
         if self._keeps_inputs:
             self._inputs_kept[index] = (args, kwargs)
@@ -169,7 +182,7 @@ class Outputs:
                 self.lock.release()
 
     # ------------------------------------------------------------------ for refs
-    def get(self, index: int, timeout: float | None, output: int | None = None) -> Any:
+    def get(self, index: int, timeout: float | None, output: int | None = None) -> UserValue:
         """Execution ``index``'s result, or only its output number ``output``."""
         if self._recorder is None:
             return self._take_result(index, timeout, output)
@@ -179,7 +192,7 @@ class Outputs:
         finally:
             self._recorder.add("get", "driver", index, start, time.perf_counter_ns())
 
-    def _take_result(self, index: int, timeout: float | None, output: int | None = None) -> Any:
+    def _take_result(self, index: int, timeout: float | None, output: int | None = None) -> UserValue:
         if timeout is None:
             timeout = self.options.get_timeout
         deadline = deadline_after(timeout)
@@ -229,7 +242,7 @@ class Outputs:
                 "increase `_max_buffered_results` if buffering is desired. (cgraph: a later "
                 "execution was read before them; compile with a larger max_buffered_results.)"))
 
-    def _get_single(self, index: int, deadline: float | None) -> Any:
+    def _get_single(self, index: int, deadline: float | None) -> UserValue:
         """``get`` of the next execution of a one-output graph, without the
         bookkeeping of several outputs (most calls: execute, then get)."""
         reader = self._single
@@ -344,15 +357,16 @@ class Outputs:
         self._inputs_kept.pop(index, None)
         self._next_read += 1
 
-    def _output_value(self, kind: str, what: Any, index: int) -> Any:
+    def _output_value(self, kind: str, what: int | str | None, index: int) -> UserValue:
         if kind == "node":
+            assert isinstance(what, str)  # ("node", node id)
             return self._partial[what]
         args, kwargs = self._inputs_kept.get(index, ((), {}))
         if what is None:
             return args[0]
         return args[what] if isinstance(what, int) else kwargs[what]
 
-    def _finish(self, values: list[Any]) -> Any:
+    def _finish(self, values: list[UserValue]) -> UserValue:
         for value in values:
             if isinstance(value, ErrorValue):
                 raise value.to_exception()
@@ -395,7 +409,7 @@ class Results(Protocol):
 
     def get_id(self) -> str: ...
 
-    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> Any: ...
+    def _get_result(self, index: int, timeout: float | None, output: int | None = None) -> UserValue: ...
 
     def _discard_result(self, index: int, output: int | None = None) -> None: ...
 
@@ -407,7 +421,7 @@ class _RayText:
 
     _ray_name = ""
 
-    def _fields(self) -> tuple[Any, int, int | None]:
+    def _fields(self) -> tuple[Results, int, int | None]:
         raise NotImplementedError
 
     def __str__(self) -> str:
@@ -416,13 +430,13 @@ class _RayText:
 
     __repr__ = __str__
 
-    def __copy__(self) -> Any:
+    def __copy__(self) -> NoReturn:
         raise ValueError(f"{self._ray_name} cannot be copied.")
 
-    def __deepcopy__(self, memo: Any) -> Any:
+    def __deepcopy__(self, memo: dict[int, object]) -> NoReturn:
         raise ValueError(f"{self._ray_name} cannot be deep copied.")
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> NoReturn:
         raise ValueError(f"{self._ray_name} cannot be pickled. (cgraph: nor passed to another task "
                          "or actor; read it in the process that executed the graph.)")
 
@@ -446,7 +460,7 @@ class CompiledRef(_RayText, CompiledDAGRef):
         """The index of the execution this ref belongs to (0 for the first ``execute``)."""
         return self._execution_index
 
-    def get(self, timeout: float | None = None) -> Any:
+    def get(self, timeout: float | None = None) -> UserValue:
         """Wait for and return this execution's result (a list for MultiOutputNode).
 
         Raises:
@@ -474,7 +488,7 @@ class CompiledRef(_RayText, CompiledDAGRef):
         self._consumed = True
         return value
 
-    def _fields(self) -> tuple[Any, int, int | None]:
+    def _fields(self) -> tuple[Results, int, int | None]:
         return self._graph, self._execution_index, self._output
 
     def _drop(self) -> None:
@@ -496,7 +510,7 @@ class CompiledRefList(list):  # type: ignore[type-arg]
     as Ray's Compiled Graphs return; ``get()`` reads every output in order.
     """
 
-    def get(self, timeout: float | None = None) -> list[Any]:
+    def get(self, timeout: float | None = None) -> list[UserValue]:
         """Every output's value, in order. An output's error is raised and the
         outputs after it are dropped (the execution was read as a whole); a
         timeout or a CapacityError leaves the unread ones readable."""
@@ -529,10 +543,10 @@ class CompiledFuture(_RayText, CompiledDAGFuture):
         self._ref = ref
         self._awaited = False
 
-    def _fields(self) -> tuple[Any, int, int | None]:
+    def _fields(self) -> tuple[Results, int, int | None]:
         return self._ref._fields()
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[object, None, UserValue]:
         if self._awaited:
             raise RefConsumedError(
                 "CompiledDAGFuture can only be awaited upon once, and it has already been "
@@ -548,5 +562,5 @@ class CompiledFuture(_RayText, CompiledDAGFuture):
 class CompiledFutureList(list):  # type: ignore[type-arg]
     """One future per output of a MultiOutputNode; awaiting the list gives every value."""
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[object, None, list[UserValue]]:
         return asyncio.gather(*self).__await__()

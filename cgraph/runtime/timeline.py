@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
 
+from cgraph._boundary import ActorHandle
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Event, fetch
 
@@ -57,7 +57,7 @@ def ray_profiling() -> bool:
     return bool(getattr(constants, "RAY_CGRAPH_ENABLE_PROFILING", False))
 
 
-def collect(handles: Mapping[str, Any], labels: Mapping[str, str], tag: str,
+def collect(handles: Mapping[str, ActorHandle], labels: Mapping[str, str], tag: str,
             driver_events: list[Event], timeout: float = 30.0) -> list[Track]:
     """Every actor's recorded events of graph ``tag``, on the driver's clock, after the driver's."""
     import ray

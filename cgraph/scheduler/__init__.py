@@ -4,6 +4,8 @@ Imports neither ray nor torch; see ``pipeline.plan_schedule`` for the whole
 pipeline and each module's docstring for its pass.
 """
 
+from __future__ import annotations
+
 from cgraph.scheduler.channels import (
     ChannelKind,
     ChannelPlan,

@@ -8,6 +8,8 @@ and otherwise leave a ``.dot`` file with instructions. Recorded executions
 picture). Only the compiler imports this package; it hands it to the runtime.
 """
 
+from __future__ import annotations
+
 from cgraph.visualize.dag_dot import NODE_STYLE, dag_to_dot, edge_label
 from cgraph.visualize.explain import TimelineSummary, explain
 from cgraph.visualize.gantt import draw_timeline

@@ -54,6 +54,7 @@ def draw_timeline(tracks: Iterable[Track], path: str | os.PathLike[str], executi
     submitted = {event[2]: event[4] for actor, _, events, _, _ in rows_in if actor == "driver"
                  for event in events if event[0] == "execute"}
     bars: list[tuple[str, list[tuple[float, float, str, str]]]] = []
+    start: float  # an event's start (ns), then a bar's (s)
     for actor, label, events, offset, _ in rows_in:
         for thread in sorted({e[1] for e in events}, key=THREADS.__getitem__):
             chosen = []

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cgraph.errors import GraphSyntaxError
 from cgraph.ir.graph import Const, Graph, NodeKind
 from cgraph.scheduler.ops import COMM_KINDS, Op, OpKind, parse_op
 
-Track = tuple[str, str, Sequence[tuple[Any, ...]], int, int]
-"""(actor, label, events, offset_ns, uncertainty_ns); ``actor`` "driver" for the driver."""
+Track = tuple[str, str, Sequence[tuple[str, str, int, int, int] | tuple[str, str, int, int, int, int | None]], int, int]
+"""(actor, label, events, offset_ns, uncertainty_ns); ``actor`` "driver" for the driver; each event
+``(op text, thread, execution, start_ns, end_ns[, nbytes])``."""
 
 THREADS = {"driver": 0, "loop": 1, "comm": 2, "collective": 3}
 """Tracks, in drawing order: "collective" holds the collective library's calls made inside methods."""
@@ -43,7 +43,7 @@ def recorded_op(text: str) -> Op | None:
         return None  # the driver's "execute" and "get", a compute's "wait a.C3"
 
 
-def trace_of(tracks: Iterable[Track], notes: Mapping[str, str] | None = None) -> dict[str, Any]:
+def trace_of(tracks: Iterable[Track], notes: Mapping[str, str] | None = None) -> dict[str, object]:
     """The Chrome trace (``{"traceEvents": [...]}``) of recorded tracks (see the module docstring).
 
     ``notes``: per graph node, a text its ops' events carry as ``args["what"]`` (a
@@ -53,9 +53,10 @@ def trace_of(tracks: Iterable[Track], notes: Mapping[str, str] | None = None) ->
     rows = list(tracks)
     starts = [start - offset for _, _, events, offset, _ in rows for _, _, _, start, _, *_ in events]
     origin = min(starts, default=0)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     sends: dict[tuple[str, str, str, int], tuple[int, int, float]] = {}
     recvs: list[tuple[tuple[str, str, str, int], int, int, float]] = []
+    end: float  # an event's end (ns), then a flow's (us)
     clocks = {}
     for pid, (_, label, events, offset, uncertainty) in enumerate(rows):
         clocks[label] = {"offset_us": offset / 1e3, "uncertainty_us": uncertainty / 1e3}
@@ -66,7 +67,7 @@ def trace_of(tracks: Iterable[Track], notes: Mapping[str, str] | None = None) ->
         for text, thread, execution, start, end, *more in events:
             ts, dur = (start - offset - origin) / 1e3, (end - start) / 1e3
             op = recorded_op(text)
-            args: dict[str, Any] = {"op": text, "execution": execution}
+            args: dict[str, object] = {"op": text, "execution": execution}
             if more and more[0] is not None:
                 args["bytes"] = more[0]
             if op is not None and op.node in notes:
@@ -102,7 +103,7 @@ def collective_notes(graph: Graph) -> dict[str, str]:
     return out
 
 
-def _meta(what: str, pid: int, tid: int, **args: object) -> dict[str, Any]:
+def _meta(what: str, pid: int, tid: int, **args: object) -> dict[str, object]:
     return {"ph": "M", "name": what, "pid": pid, "tid": tid, "args": args}
 
 

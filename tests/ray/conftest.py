@@ -114,3 +114,15 @@ def actors(actor_pool, request):  # type: ignore[no-untyped-def]
     yield actor_pool.take
     report = getattr(request.node, "rep_call", None)
     actor_pool.settle(report is not None and report.passed)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def child_scripts(request):  # type: ignore[no-untyped-def]
+    """The session's child scripts (``tests/ray/child_scripts.py``); the longest start now,
+    each only if the file of its tests was collected."""
+    from tests.ray.child_scripts import ChildScripts
+
+    scripts = ChildScripts()
+    scripts.start_early({item.path.name for item in request.session.items})
+    yield scripts
+    scripts.stop()

@@ -8,36 +8,12 @@ only at the graph's own listening sockets on this machine.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).with_name("attack_script.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def checks():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONBREAKPOINT"}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    try:
-        done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                              timeout=280, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        pytest.fail(f"the attack script hung for 280 s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-6000:]}")
-    found = {}
-    for line in done.stdout.splitlines():
-        if line.startswith('{"check"'):
-            entry = json.loads(line)
-            found[entry.pop("check")] = entry
-    assert done.returncode == 0, f"script failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    return found
+def checks(child_scripts):
+    return child_scripts.get("attack_script.py").checks()
 
 
 def test_the_graph_answers_right_through_every_data_attack(checks):

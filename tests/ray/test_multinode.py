@@ -6,37 +6,12 @@ session's shared one-node Ray instance stays as it is.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).with_name("multinode_script.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def checks():
-    # a fresh process's environment: this session's ray.init set RAY_AUTH_MODE and the like
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONBREAKPOINT"}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    try:
-        done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                              timeout=360, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        pytest.fail(f"the 2-node script hung for 360 s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-6000:]}")
-    found = {}
-    for line in done.stdout.splitlines():
-        if line.startswith('{"check"'):
-            entry = json.loads(line)
-            found[entry.pop("check")] = entry
-    assert done.returncode == 0, f"script failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    return found
+def checks(child_scripts):
+    return child_scripts.get("multinode_script.py").checks()
 
 
 def test_actors_sit_on_two_nodes(checks):

@@ -675,9 +675,16 @@ def test_capacity_errors_lead_with_rays_sentence(make):
         assert [r.get(timeout=30) for r in refs] == [1, 2, 3]
 
 
-def _ray_events(actor):
-    return ray.get(actor.__ray_call__.remote(lambda self: list(getattr(self, "__ray_cgraph_events", []))),
-                   timeout=30)
+def _ray_events(actor, at_least=0):
+    """The actor's events, once it holds ``at_least`` of them: the loop records an op's
+    WRITE just after the value is out, so the driver may read the value first."""
+    deadline = time.monotonic() + 30
+    while True:
+        events = ray.get(actor.__ray_call__.remote(
+            lambda self: list(getattr(self, "__ray_cgraph_events", []))), timeout=30)
+        if len(events) >= at_least or time.monotonic() > deadline:
+            return events
+        time.sleep(0.01)
 
 
 def test_rays_profiling_switch_records_rays_task_events(make, monkeypatch):
@@ -689,7 +696,7 @@ def test_rays_profiling_switch_records_rays_task_events(make, monkeypatch):
         dag = MultiOutputNode([a.add.bind(inp), b.double_add.bind(b.add.bind(inp))])
     with _compile(dag) as compiled:
         assert ray.get(compiled.execute(1)) == [1, 3]
-        got_a, got_b = _ray_events(a), _ray_events(b)
+        got_a, got_b = _ray_events(a, 3), _ray_events(b, 6)
         assert [(e.method_name, e.operation) for e in got_a] == [
             ("add", "READ"), ("add", "COMPUTE"), ("add", "WRITE")]
         assert [(e.method_name, e.operation) for e in got_b] == [
@@ -700,7 +707,7 @@ def test_rays_profiling_switch_records_rays_task_events(make, monkeypatch):
             assert {e.actor_id for e in events} == {events[0].actor_id}
         assert [e.bind_index for e in got_b] == [0, 0, 0, 1, 1, 1]
         assert ray.get(compiled.execute(2)) == [3, 15]  # b: 3 + 2 = 5, then 5 * 2 + 5
-        assert len(_ray_events(b)) == 12, "each execution adds its events"
+        assert len(_ray_events(b, 12)) == 12, "each execution adds its events"
         assert compiled.timeline()["traceEvents"], "the switch records cgraph's timeline too"
     monkeypatch.setattr(ray.dag.constants, "RAY_CGRAPH_ENABLE_PROFILING", False)
     (c,) = make(Acc, 1)

@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).with_name("shutdown_script.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ray_shutdown_tears_down_a_live_graph_and_ray_stays_down() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONBREAKPOINT"}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=ROOT)
+def test_ray_shutdown_tears_down_a_live_graph_and_ray_stays_down(child_scripts) -> None:
+    done = child_scripts.get("shutdown_script.py").result()
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["got"] == [i + 2 for i in range(5)]
@@ -26,19 +16,13 @@ def test_ray_shutdown_tears_down_a_live_graph_and_ray_stays_down() -> None:
     assert out["ray_again"] is False, "nothing started Ray again after the shutdown"
 
 
-LIFECYCLE = Path(__file__).with_name("lifecycle_script.py")
-
-
-def test_twenty_compile_shutdown_init_cycles_leave_no_thread_segment_or_socket() -> None:
+def test_twenty_compile_shutdown_init_cycles_leave_no_thread_segment_or_socket(child_scripts) -> None:
     """A driver compiles, runs, tears some graphs down and leaves the rest to Ray's shutdown,
     starts Ray again and goes on (20 cycles on a running two-node cluster, one graph
     crossing nodes, then 2 with a local Ray of their own): after every shutdown no thread of
     cgraph's runs, no segment of the driver's is left, every socket cgraph's code opened is
     closed, and Ray stays down until the next init."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONBREAKPOINT"}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(LIFECYCLE), "20"], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=ROOT)
+    done = child_scripts.get("lifecycle_script.py").result()  # started with the session
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["results"] == [[i + 2, [i + 1, 15], i + 1] for i in range(22)]

@@ -14,6 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "cgraph"
 
 LAYERS = {
+    "_boundary": -1,  # the names of what cannot be typed: every layer may use them
     "errors": 0, "_log": 0, "_spans": 0, "_threads": 0,
     "ir": 1, "channels": 1,
     "scheduler": 2, "dag": 2, "comm": 2,

@@ -15,7 +15,7 @@ other building blocks (reduce, broadcast, barrier) are re-exported here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -85,7 +85,7 @@ def allreduce(
     buf: np.ndarray,
     op: ReduceOp = ReduceOp.SUM,
     algorithm: str = "ring",
-    **options: Any,
+    **options: int,
 ) -> None:
     """Reduce ``buf`` across all ranks of ``transport``, in place, with ``algorithm``.
 

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -53,6 +53,23 @@ from cgraph.comm.cpu import peer_memory
 from cgraph.comm.teams import Team, TeamTransport, node_teams
 from cgraph.comm.transport import Transport, node_layout
 from cgraph.comm.types import ReduceOp, combine
+
+
+class Workspace(Protocol):
+    """What this module uses of a node's shared workspace (``comm.cpu.arena.ShmArena``)."""
+
+    board: np.ndarray | None
+    peer_reads: bool | None
+
+    def view(self, nbytes: int, barrier: Callable[[], None]) -> np.ndarray: ...
+
+    def turn(self) -> int: ...
+
+
+class PeerReading(Transport, Protocol):
+    """A transport whose ranks of one node may read each other's memory."""
+
+    def peer_read(self, peer: int, pid: int, address: int, out: np.ndarray) -> None: ...
 
 BLOCK_BYTES = 128 << 10
 """The reduction's block (``_reduce_chunk``): small enough that the partial sum stays in the cache."""
@@ -116,7 +133,7 @@ def allreduce_shared(transport: Transport, buf: np.ndarray, op: ReduceOp = Reduc
     size, local = plan.mine.size, plan.local
     node = transport if len(plan.teams) == 1 else TeamTransport(transport, plan.mine)
     if flat.nbytes >= CMA_MIN_BYTES and _peer_reads(transport, arena, node, local):
-        _allreduce_reading_peers(transport, node, plan, arena, flat, op)
+        _allreduce_reading_peers(cast(PeerReading, transport), node, plan, arena, flat, op)  # it has peer_read
         return
     half = size * flat.nbytes
     halves = 2 if 2 * half <= DOUBLE_BUFFER_BYTES else 1
@@ -160,7 +177,7 @@ def _reduce_chunk(op: ReduceOp, flat: np.ndarray, slots: np.ndarray, local: int,
             combine(op, out[block], inputs[s][block], out[block])
 
 
-def _peer_reads(transport: Transport, arena: Any, node: Transport, local: int) -> bool:
+def _peer_reads(transport: Transport, arena: Workspace, node: Transport, local: int) -> bool:
     """Whether every rank of the node may read every other's memory (asked once, agreed by all).
 
     Each rank posts its pid and the address of a number on the board, tries to read
@@ -173,6 +190,7 @@ def _peer_reads(transport: Transport, arena: Any, node: Transport, local: int) -
         arena.view(1, lambda: barrier(node))  # maps the board (beside the semaphores) on first use
         token = np.array([os.getpid() * 7919 + local], dtype=np.int64)
         board = arena.board
+        assert board is not None  # mapped by the view above
         board[local] = (os.getpid(), token.ctypes.data, 0, 0)
         meet(transport, node)
         ok = all(peer_memory.probe(int(board[s, 0]), int(board[s, 1]), int(board[s, 0]) * 7919 + s)
@@ -184,7 +202,7 @@ def _peer_reads(transport: Transport, arena: Any, node: Transport, local: int) -
     return bool(arena.peer_reads)
 
 
-def _allreduce_reading_peers(transport: Any, node: Transport, plan: _Plan, arena: Any,
+def _allreduce_reading_peers(transport: PeerReading, node: Transport, plan: _Plan, arena: Workspace,
                              flat: np.ndarray, op: ReduceOp) -> None:
     """The allreduce with no workspace copies: each rank reads its chunk of every peer's
     tensor straight from that peer's memory (``peer_memory``), block by block into a
@@ -194,6 +212,7 @@ def _allreduce_reading_peers(transport: Any, node: Transport, plan: _Plan, arena
     while a peer still reads it)."""
     size, local = plan.mine.size, plan.local
     board = arena.board
+    assert board is not None  # mapped when the node agreed to read peers
     board[local, :2] = (os.getpid(), flat.ctypes.data)
     meet(transport, node)
     peers = [(int(board[s, 0]), int(board[s, 1])) for s in range(size)]

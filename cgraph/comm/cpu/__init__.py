@@ -10,3 +10,5 @@
     layout        where a group's ranks sit, and the links that follow from it
     backend       the "cpu" backend of the imperative API: the algorithms over those links
 """
+
+from __future__ import annotations

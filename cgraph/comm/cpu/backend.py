@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -41,7 +41,11 @@ from cgraph.comm.types import ReduceOp
 from cgraph.errors import CollectiveError, CollectiveGroupError
 
 if TYPE_CHECKING:
+    import torch
+
     from cgraph.comm.rendezvous import Hooks, Membership
+
+_T = TypeVar("_T")
 
 
 class _Mesh:
@@ -133,7 +137,8 @@ class CpuComm(TunedComm, Communicator):
         return tuple(sorted(algorithms.ALGORITHMS))
 
     # ------------------------------------------------------------------ calls
-    def allreduce(self, arr: Any, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
+    def allreduce(self, arr: np.ndarray | torch.Tensor, op: ReduceOp | str = ReduceOp.SUM,
+                  algorithm: str = "auto") -> None:
         arr, op = _host(arr), as_reduce_op(op)
         if algorithm == "auto":
             arm = self.tuner.arm(arr.nbytes)
@@ -152,17 +157,18 @@ class CpuComm(TunedComm, Communicator):
         with self._call(f"allreduce {_desc(arr)} {op.value} {name}"):
             algorithms.allreduce(self._t, arr, op, name, **options)
 
-    def reduce(self, arr: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
+    def reduce(self, arr: np.ndarray | torch.Tensor, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
         arr, op = _host(arr), as_reduce_op(op)
         with self._call(f"reduce {_desc(arr)} {op.value} to {dst}"):
             algorithms.reduce(self._t, arr, op, root=dst)
 
-    def broadcast(self, arr: Any, src: int) -> None:
+    def broadcast(self, arr: np.ndarray | torch.Tensor, src: int) -> None:
         arr = _host(arr)
         with self._call(f"broadcast {_desc(arr)} from {src}"):
             algorithms.broadcast(self._t, arr, root=src)
 
-    def allgather(self, outs: Sequence[Any], arr: Any, algorithm: str = "auto") -> None:
+    def allgather(self, outs: Sequence[np.ndarray] | Sequence[torch.Tensor], arr: np.ndarray | torch.Tensor,
+                  algorithm: str = "auto") -> None:
         arr, outs = _host(arr), [_host(out) for out in outs]
         n, p = arr.size, self.world_size
         name = self._gather_scatter("allgather", algorithm)
@@ -173,8 +179,9 @@ class CpuComm(TunedComm, Communicator):
         for r, out in enumerate(outs):
             out.reshape(-1)[:] = whole[r * n : (r + 1) * n]
 
-    def reducescatter(self, out: Any, parts: Any, op: ReduceOp | str = ReduceOp.SUM,
-                      algorithm: str = "auto") -> None:
+    def reducescatter(self, out: np.ndarray | torch.Tensor,
+                      parts: np.ndarray | torch.Tensor | list[np.ndarray] | list[torch.Tensor],
+                      op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         if not isinstance(parts, (list, tuple)):  # one array of world_size chunks
             parts = np.split(_host(parts).reshape(-1), self.world_size)
         out, parts, op = _host(out), [_host(part) for part in parts], as_reduce_op(op)
@@ -200,12 +207,12 @@ class CpuComm(TunedComm, Communicator):
                              f"{sorted(table)}")
         return algorithm
 
-    def send(self, arr: Any, dst: int) -> None:
+    def send(self, arr: np.ndarray | torch.Tensor, dst: int) -> None:
         arr = _host(arr)
         with self._call(f"p2p {_desc(arr)}"):
             self._t.send(arr.reshape(-1), dst)
 
-    def recv(self, arr: Any, src: int) -> None:
+    def recv(self, arr: np.ndarray | torch.Tensor, src: int) -> None:
         arr = _host(arr)
         with self._call(f"p2p {_desc(arr)}"):
             self._t.recv(arr.reshape(-1), src)
@@ -224,7 +231,7 @@ class CpuComm(TunedComm, Communicator):
             self._tuner = Tuner(transport, guard=self._guarded, timeout_s=self._timeout_s)
         return self._tuner
 
-    def _guarded(self, what: str, work: Callable[[], Any]) -> Any:
+    def _guarded(self, what: str, work: Callable[[], _T]) -> _T:
         with self._call(what):
             return work()
 
@@ -283,7 +290,7 @@ def connect(membership: Membership, hooks: Hooks) -> CpuComm:
     return CpuComm(mesh, None, spec.name, membership.rank, spec.world_size, spec.timeout_s)
 
 
-def _host(arr: Any) -> np.ndarray:
+def _host(arr: np.ndarray | torch.Tensor) -> np.ndarray:
     """``arr`` itself (a numpy array), or a numpy view of a CPU torch tensor."""
     if isinstance(arr, np.ndarray):
         return arr

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Hashable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 
@@ -58,6 +58,9 @@ from cgraph.errors import (
     CollectiveTimeoutError,
 )
 
+if TYPE_CHECKING:
+    from cgraph.channels.base import ChannelReader, ChannelWriter
+
 INBAND = 256
 """Messages up to this many bytes travel as bytes inside the tag's tuple (the channel's
 one-call path for small plain values) instead of as an out-of-band array."""
@@ -69,6 +72,8 @@ Tag = tuple[str, str]
 """(context, signature) of one call: identical on every rank that takes part."""
 
 _IDLE: Tag = ("", "no call")
+
+_End = TypeVar("_End")
 
 
 class FramedTransport:
@@ -93,8 +98,10 @@ class FramedTransport:
         self._rank, self._size = ends.rank, ends.world_size
         self._group, self._nodes, self.timeout = group, nodes, timeout
         self._names = [h.name for h in (*ends.out, *ends.inp) if h is not None]
-        self._out = [open_endpoint(h) if h is not None else None for h in ends.out]
-        self._inp = [open_endpoint(h) if h is not None else None for h in ends.inp]
+        self._out = cast("list[ChannelWriter | None]",
+                         [open_endpoint(h) if h is not None else None for h in ends.out])
+        self._inp = cast("list[ChannelReader | None]",
+                         [open_endpoint(h) if h is not None else None for h in ends.inp])
         self._remote = remote
         self.arena = arena  # the node's shared workspace ("shared" allreduce), if any
         self._tag: Tag = _IDLE
@@ -232,7 +239,7 @@ class FramedTransport:
         except ChannelClosedError as exc:
             raise self._closed(what, peer, f" ({exc})") from None
 
-    def _end(self, ends: list[Any], peer: int) -> Any:
+    def _end(self, ends: list[_End | None], peer: int) -> _End | None:
         if not 0 <= peer < self._size or peer == self._rank:
             raise CollectiveGroupError(
                 f"group {self._group!r}, rank {self._rank}: no link to rank {peer}; peers "
@@ -242,7 +249,7 @@ class FramedTransport:
             )
         return ends[peer]  # None: a peer on another node (``remote``)
 
-    def _check(self, tag: Any, data: Any, buf: np.ndarray, src: int) -> None:
+    def _check(self, tag: object, data: np.ndarray, buf: np.ndarray, src: int) -> None:
         mine = self._tag
         if tag == mine and data.dtype == buf.dtype and data.size == buf.size:
             return

@@ -37,7 +37,7 @@ import os
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cgraph.channels.segments import segment_name
 from cgraph.comm import rendezvous
@@ -46,6 +46,11 @@ from cgraph.comm.cpu.framed import FramedTransport
 from cgraph.comm.cpu.mesh import LinkEnds, create_links
 from cgraph.comm.cpu.peer_watch import PeerWatch
 from cgraph.errors import CollectiveTimeoutError
+
+if TYPE_CHECKING:
+    from cgraph.channels.shm_channel import ShmChannel, ShmHandle
+    from cgraph.comm.cpu.links import SocketLinks
+    from cgraph.comm.rendezvous import Membership
 
 ANSWER_MARGIN_S = 30.0
 """How much longer than the group's timeout a rank waits for the store to answer a wait."""
@@ -56,7 +61,7 @@ class Links:
     """A rank's settled links and the segments it made (its node's mesh, if it leads it)."""
 
     transport: FramedTransport
-    made: list[Any] = field(default_factory=list)
+    made: list[ShmChannel] = field(default_factory=list)
     arena: ShmArena | None = None  # the node's workspace, where this rank leads the node
     peers_here: dict[int, int] = field(default_factory=dict)  # the other ranks of this node: rank -> pid
     watch: PeerWatch | None = None
@@ -77,12 +82,12 @@ class Links:
             self.arena.unlink()
 
 
-def announce(membership: Any, node: str) -> None:
+def announce(membership: Membership, node: str) -> None:
     """Post this rank's node id and pid under the store's keys (at connect; never waits)."""
     _set(membership, f"node/{membership.rank}", f"{node} {os.getpid()}".encode())
 
 
-def settle(membership: Any, node: str) -> Links:
+def settle(membership: Membership, node: str) -> Links:
     """This rank's links, once every rank's node is known (see the module docstring).
 
     Raises:
@@ -111,7 +116,8 @@ def settle(membership: Any, node: str) -> Links:
                  arena if made else None, here)
 
 
-def _node_mesh(membership: Any, node: str, mine: Sequence[int]) -> tuple[list[Any], tuple[LinkEnds, str]]:
+def _node_mesh(membership: Membership, node: str,
+               mine: Sequence[int]) -> tuple[list[ShmChannel], tuple[LinkEnds, str]]:
     """The links among this node's ranks and its workspace's base name: made by the node's
     first rank to get here (the store counts them), attached by the others."""
     spec, key = membership.spec, f"mesh/{node}"
@@ -136,13 +142,13 @@ def _global_ends(local: LinkEnds, mine: Sequence[int], rank: int, world_size: in
     """``local`` (numbered within the node) renumbered by group rank; None for other nodes."""
     where = {r: i for i, r in enumerate(mine)}
 
-    def by_rank(handles: Sequence[Any]) -> tuple[Any, ...]:
+    def by_rank(handles: Sequence[ShmHandle | None]) -> tuple[ShmHandle | None, ...]:
         return tuple(handles[where[r]] if r in where and r != rank else None for r in range(world_size))
 
     return LinkEnds(rank, world_size, by_rank(local.out), by_rank(local.inp))
 
 
-def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
+def _remote_links(membership: Membership, nodes: Sequence[str]) -> SocketLinks:
     """Authenticated sockets to the ranks on other nodes (``comm.socket_links``), each
     connected when a call first needs it."""
     import ray
@@ -160,12 +166,12 @@ def _remote_links(membership: Any, nodes: Sequence[str]) -> Any:
         timeout=spec.timeout_s, use_tls=tls.wanted(None))
 
 
-def _set(membership: Any, key: str, value: bytes) -> None:
+def _set(membership: Membership, key: str, value: bytes) -> None:
     spec = membership.spec
     rendezvous.call(membership.store, "kv_set", _key(membership, key), value, group=spec.name)
 
 
-def _get(membership: Any, key: str, waiting_for: str) -> bytes:
+def _get(membership: Membership, key: str, waiting_for: str) -> bytes:
     spec = membership.spec
     value = rendezvous.call(membership.store, "kv_get", _key(membership, key), spec.timeout_s,
                             timeout=spec.timeout_s + ANSWER_MARGIN_S, group=spec.name)
@@ -178,6 +184,6 @@ def _get(membership: Any, key: str, waiting_for: str) -> bytes:
     return bytes(value)
 
 
-def _key(membership: Any, key: str) -> str:
+def _key(membership: Membership, key: str) -> str:
     return f"cpu.{membership.spec.name}.{membership.nonce}/{key}"
 

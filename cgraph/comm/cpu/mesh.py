@@ -30,7 +30,7 @@ import math
 import sys
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 
@@ -43,6 +43,8 @@ from cgraph.comm.types import ReduceOp
 if TYPE_CHECKING:
     import torch
 
+    from cgraph.channels.base import ChannelReader, ChannelWriter
+
 LINK_SLOTS = 2
 """Unread messages a link holds before ``send`` waits (>= 1 is as live as rendezvous)."""
 
@@ -50,6 +52,8 @@ LINK_BUFFER = 64 << 10
 """First size of a link slot; a larger message grows the slot once."""
 
 _UINT8 = np.dtype(np.uint8)
+
+_End = TypeVar("_End")
 
 
 @dataclass(frozen=True)
@@ -103,8 +107,10 @@ class LinkTransport:
 
     def __init__(self, ends: LinkEnds) -> None:
         self._rank, self._size = ends.rank, ends.world_size
-        self._out = [open_endpoint(h) if h is not None else None for h in ends.out]
-        self._inp = [open_endpoint(h) if h is not None else None for h in ends.inp]
+        self._out = cast("list[ChannelWriter | None]",
+                         [open_endpoint(h) if h is not None else None for h in ends.out])
+        self._inp = cast("list[ChannelReader | None]",
+                         [open_endpoint(h) if h is not None else None for h in ends.inp])
         self._viewed: set[int] = set()  # peers whose last message a lease still views
 
     @property
@@ -150,7 +156,8 @@ class LinkTransport:
             self._viewed.discard(src)
             self._peer(self._inp, src).release()
 
-    def _take(self, src: int, dtype: Any, size: int) -> tuple[Any, np.ndarray, Any]:
+    def _take(self, src: int, dtype: np.dtype,
+              size: int) -> tuple[np.ndarray | torch.Tensor, np.ndarray, ChannelReader]:
         """The next message from ``src``, its array form checked to fit ``size x dtype``, and the reader."""
         reader = self._peer(self._inp, src)
         if src in self._viewed:
@@ -158,7 +165,7 @@ class LinkTransport:
                 f"rank {self._rank} recv from rank {src}: the previous message from rank {src} is "
                 "still viewed; release its lease first (this receive would free its slot)"
             )
-        message = reader.read()
+        message: np.ndarray | torch.Tensor = reader.read()  # what a peer's ``send`` wrote
         try:
             array = message if isinstance(message, np.ndarray) else _tensor_bytes(message)
             if array is None or array.dtype != dtype or array.size != size:
@@ -188,10 +195,12 @@ class LinkTransport:
             if end is not None:
                 end.detach()
 
-    def _peer(self, ends: list[Any], peer: int) -> Any:
+    def _peer(self, ends: list[_End | None], peer: int) -> _End:
         if not 0 <= peer < self._size or peer == self._rank:
             raise ValueError(f"rank {self._rank}: no link to rank {peer} in a group of {self._size}")
-        return ends[peer]
+        end = ends[peer]
+        assert end is not None  # only this rank's own entry is None
+        return end
 
 
 class Lease:
@@ -323,7 +332,7 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.cpu().reshape(-1).view(torch.uint8)
 
 
-def _tensor_bytes(message: Any) -> np.ndarray | None:
+def _tensor_bytes(message: torch.Tensor) -> np.ndarray | None:
     """A flat uint8 tensor message as a numpy view; None for anything else."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(message, torch.Tensor) or message.dtype != torch.uint8 or message.dim() != 1:
@@ -360,14 +369,14 @@ class NumpyView:
                 self._tensor.copy_(self._work.reshape(self._tensor.shape))
 
 
-def _no_grad() -> Any:
+def _no_grad() -> torch.no_grad:
     import torch
 
     return torch.no_grad()
 
 
 @functools.cache
-def _numpy_dtypes() -> frozenset[Any]:
+def _numpy_dtypes() -> frozenset[torch.dtype]:
     """torch dtypes numpy can hold (and reduce) without a conversion."""
     import torch
 

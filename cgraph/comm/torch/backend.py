@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -58,9 +58,14 @@ from cgraph.errors import (
 )
 
 if TYPE_CHECKING:
+    from typing import TypeVar
+
     import torch
 
+    from cgraph._boundary import TorchObject
     from cgraph.comm.rendezvous import Hooks, Membership
+
+    T = TypeVar("T")
 
 NATIVE = "native"
 """The ``algorithm`` that runs the backend's own allreduce, and its name among "auto"'s
@@ -90,7 +95,7 @@ class TorchComm(TunedComm, Communicator):
 
     tuner: Tuner
 
-    def __init__(self, make: Callable[[Team, str], Any], name: str, members: Team,
+    def __init__(self, make: Callable[[Team, str], tuple[TorchObject, TorchObject]], name: str, members: Team,
                  nodes: tuple[Hashable, ...], device: str) -> None:
         self._make, self._name, self._members, self._device = make, name, members, device
         self._prefix = f"{name}[{','.join(map(str, members.ranks))}]"
@@ -124,7 +129,7 @@ class TorchComm(TunedComm, Communicator):
     def algorithms(self) -> tuple[str, ...]:
         return (NATIVE, *sorted(algorithms.ALGORITHMS))
 
-    def allreduce(self, tensor: Any, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
+    def allreduce(self, tensor: torch.Tensor, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto") -> None:
         op = as_reduce_op(op)
         if algorithm not in ("auto", NATIVE, *algorithms.ALGORITHMS):
             raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of "
@@ -141,7 +146,7 @@ class TorchComm(TunedComm, Communicator):
             return
         self._run(tensor, op, self.tuner.choose(nbytes))
 
-    def _run(self, tensor: Any, op: ReduceOp, name: str) -> None:
+    def _run(self, tensor: torch.Tensor, op: ReduceOp, name: str) -> None:
         """The backend's own allreduce on ``tensor``, or cgraph's ``name`` over the process group."""
         if name == NATIVE:
             self._guard("allreduce", lambda: self._comm.allreduce(tensor, op))
@@ -161,16 +166,16 @@ class TorchComm(TunedComm, Communicator):
         if tensor is not host:
             host.copy_(tensor.cpu())
 
-    def reduce(self, tensor: Any, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
+    def reduce(self, tensor: torch.Tensor, dst: int, op: ReduceOp | str = ReduceOp.SUM) -> None:
         op = as_reduce_op(op)
         self._agree(signatures.encode("reduce", tensor, op, dst))
         self._guard("reduce", lambda: self._comm.reduce(tensor, dst, op))
 
-    def broadcast(self, tensor: Any, src: int) -> None:
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self._agree(signatures.encode("broadcast", tensor, None, src))
         self._guard("broadcast", lambda: self._comm.broadcast(tensor, src))
 
-    def allgather(self, outs: Sequence[Any], tensor: Any, algorithm: str = "auto") -> None:
+    def allgather(self, outs: Sequence[torch.Tensor], tensor: torch.Tensor, algorithm: str = "auto") -> None:
         self._agree(signatures.encode("allgather", tensor, None, _gather_code("allgather", algorithm)))
         if algorithm not in ("auto", NATIVE):  # cgraph's over the process group
             n, p = tensor.numel(), self.world_size
@@ -185,7 +190,7 @@ class TorchComm(TunedComm, Communicator):
             return
         self._guard("allgather", lambda: self._comm.allgather(list(outs), tensor))
 
-    def reducescatter(self, out: Any, parts: Any, op: ReduceOp | str = ReduceOp.SUM,
+    def reducescatter(self, out: torch.Tensor, parts: torch.Tensor | list[torch.Tensor], op: ReduceOp | str = ReduceOp.SUM,
                       algorithm: str = "auto") -> None:
         import torch
 
@@ -201,7 +206,7 @@ class TorchComm(TunedComm, Communicator):
                 self._comm.transport, arr, op, algorithm=algorithm))
         out.copy_(whole[self.rank * n : (self.rank + 1) * n].reshape(out.shape))
 
-    def send(self, tensor: Any, dst: int) -> None:
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
         mine = self._tensor(signatures.encode("p2p", tensor))
         answer = self._tensor([0])
         self._guard("send", lambda: self._comm.send(mine, dst))
@@ -210,7 +215,7 @@ class TorchComm(TunedComm, Communicator):
             raise self._mismatch(f"rank {dst} expected a different tensor: {_text(mine)} was sent")
         self._guard("send", lambda: self._comm.send(tensor, dst))
 
-    def recv(self, tensor: Any, src: int) -> None:
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
         mine = signatures.encode("p2p", tensor)
         theirs = self._tensor([0] * len(mine))
         self._guard("recv", lambda: self._comm.recv(theirs, src))
@@ -260,12 +265,12 @@ class TorchComm(TunedComm, Communicator):
             "calls in the same order with tensors of the same dtype and shape; nothing was "
             "sent, the group is still usable.", self._name, self.rank)
 
-    def _tensor(self, values: list[int]) -> Any:
+    def _tensor(self, values: list[int]) -> torch.Tensor:
         import torch
 
         return torch.tensor(values, dtype=torch.int64, device=self._device)
 
-    def _guard(self, what: str, call: Callable[[], Any]) -> Any:
+    def _guard(self, what: str, call: Callable[[], T]) -> T:
         """``call()``; a failure inside torch breaks the group: this rank aborts its process
         group at once, which closes its connections, so a peer blocked on this rank fails
         now (it lost a peer) instead of at its timeout; later calls here say so."""
@@ -287,7 +292,7 @@ class TorchComm(TunedComm, Communicator):
                 self._name, self.rank) from exc
 
 
-def _text(header: Any) -> str:
+def _text(header: torch.Tensor) -> str:
     return signatures.describe(header.tolist())
 
 
@@ -331,7 +336,7 @@ def connect(membership: Membership, hooks: Hooks) -> TorchComm:
     root = connect_store(membership.store, rendezvous_s).prefixed(f"{spec.name}.{membership.nonce}")
     local_host = _local_ip()
 
-    def make(members: Team, prefix: str) -> tuple[Any, Any]:
+    def make(members: Team, prefix: str) -> tuple[TorchObject, TorchObject]:
         """The process group of ``members`` (group ranks) as this rank sees it, and its store."""
         rank = members.team_rank(membership.rank)
         store = root.prefixed(prefix)
@@ -342,7 +347,7 @@ def connect(membership: Membership, hooks: Hooks) -> TorchComm:
     return TorchComm(make, spec.name, Team(tuple(range(spec.world_size))), nodes, device)
 
 
-def _exchange_nodes(store: Any, rank: int, size: int, node: str) -> tuple[Hashable, ...]:
+def _exchange_nodes(store: TorchObject, rank: int, size: int, node: str) -> tuple[Hashable, ...]:
     store.set(str(rank), node)
     return tuple(store.get(str(r)).decode() for r in range(size))
 

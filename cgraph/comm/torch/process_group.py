@@ -45,10 +45,10 @@ waiting, while dropping the process group closes its connections.
 from __future__ import annotations
 
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cgraph.comm import algorithms
 from cgraph.comm.communicator import Communicator, as_reduce_op, split_chunks
@@ -58,7 +58,11 @@ from cgraph.comm.torch.transport import ProcessGroupTransport
 from cgraph.comm.types import ReduceOp, dist_op
 
 if TYPE_CHECKING:
+    import contextlib
+
     import torch
+
+    from cgraph._boundary import ActorHandle, TorchObject
 
 BACKENDS = ("gloo", "nccl")
 WATCHDOG = timedelta(minutes=30)
@@ -66,8 +70,8 @@ WATCHDOG = timedelta(minutes=30)
 cgraph's teardown aborts long before it fires."""
 
 
-def process_group(backend: str, store: Any, rank: int, size: int, timeout: timedelta,
-                  host: str | None = None) -> Any:
+def process_group(backend: str, store: TorchObject, rank: int, size: int, timeout: timedelta,
+                  host: str | None = None) -> TorchObject:
     """A ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` of ``size`` ranks joined through ``store``.
 
     Args:
@@ -97,7 +101,7 @@ def process_group(backend: str, store: Any, rank: int, size: int, timeout: timed
 # --------------------------------------------------------------------------- torch's calls
 # How ``ProcessGroupCommunicator`` starts each of torch's collectives. Each returns
 # torch's ``Work``.
-def start_allreduce(pg: Any, tensor: Any, op: ReduceOp) -> Any:
+def start_allreduce(pg: TorchObject, tensor: torch.Tensor, op: ReduceOp) -> TorchObject:
     import torch.distributed as dist
 
     options = dist.AllreduceOptions()
@@ -105,7 +109,7 @@ def start_allreduce(pg: Any, tensor: Any, op: ReduceOp) -> Any:
     return pg.allreduce([tensor], options)
 
 
-def start_reduce(pg: Any, tensor: Any, dst: int, op: ReduceOp) -> Any:
+def start_reduce(pg: TorchObject, tensor: torch.Tensor, dst: int, op: ReduceOp) -> TorchObject:
     import torch.distributed as dist
 
     options = dist.ReduceOptions()
@@ -113,7 +117,7 @@ def start_reduce(pg: Any, tensor: Any, dst: int, op: ReduceOp) -> Any:
     return pg.reduce([tensor], options)
 
 
-def start_broadcast(pg: Any, tensor: Any, src: int) -> Any:
+def start_broadcast(pg: TorchObject, tensor: torch.Tensor, src: int) -> TorchObject:
     import torch.distributed as dist
 
     options = dist.BroadcastOptions()
@@ -121,7 +125,7 @@ def start_broadcast(pg: Any, tensor: Any, src: int) -> Any:
     return pg.broadcast([tensor], options)
 
 
-def start_allgather(pg: Any, outs: Sequence[Any], tensor: Any) -> Any:
+def start_allgather(pg: TorchObject, outs: Sequence[torch.Tensor], tensor: torch.Tensor) -> TorchObject:
     """Gloo gathers no complex dtype: complex tensors travel as their real views."""
     if tensor.is_complex():
         import torch
@@ -130,7 +134,7 @@ def start_allgather(pg: Any, outs: Sequence[Any], tensor: Any) -> Any:
     return pg.allgather([list(outs)], [tensor])
 
 
-def start_reducescatter(pg: Any, out: Any, parts: Sequence[Any], op: ReduceOp) -> Any:
+def start_reducescatter(pg: TorchObject, out: torch.Tensor, parts: Sequence[torch.Tensor], op: ReduceOp) -> TorchObject:
     """``out`` = the reduction of every rank's ``parts[rank]`` (torch 2.13's gloo has it too)."""
     import torch.distributed as dist
 
@@ -156,12 +160,12 @@ class StoreRendezvous:
     """Where the members meet (picklable): a store actor's handle, a key prefix, and how
     long a rank waits for the others' keys."""
 
-    store: Any  # a KVStore actor (ray_store)
+    store: ActorHandle  # a KVStore actor (ray_store)
     prefix: str
     timeout_s: float = RENDEZVOUS_TIMEOUT_S
 
     @classmethod
-    def create(cls, prefix: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> tuple[StoreRendezvous, Any]:
+    def create(cls, prefix: str, timeout_s: float = RENDEZVOUS_TIMEOUT_S) -> tuple[StoreRendezvous, ActorHandle]:
         """Start a store actor on this node (the driver's).
 
         Args:
@@ -177,7 +181,7 @@ class StoreRendezvous:
         actor = start_store_actor()
         return cls(actor, prefix, timeout_s), actor
 
-    def connect(self) -> Any:
+    def connect(self) -> TorchObject:
         """This rank's store (a ``torch.distributed.Store``; keep it as long as its process group)."""
         from cgraph.comm.ray_store import connect_store
 
@@ -215,7 +219,7 @@ class ProcessGroupCommunicator(Communicator):
                     nodes, own_stream=True)
 
     @classmethod
-    def over(cls, pg: Any, store: Any, backend: str, nodes: Sequence[Hashable] = ()) -> ProcessGroupCommunicator:
+    def over(cls, pg: TorchObject, store: TorchObject, backend: str, nodes: Sequence[Hashable] = ()) -> ProcessGroupCommunicator:
         """Wrap a process group built elsewhere (the imperative API's groups and teams).
 
         Its calls run on the caller's current CUDA stream and return when that stream has
@@ -232,7 +236,7 @@ class ProcessGroupCommunicator(Communicator):
         comm._adopt(pg, store, backend, nodes, own_stream=False)
         return comm
 
-    def _adopt(self, pg: Any, store: Any, backend: str, nodes: Sequence[Hashable], own_stream: bool) -> None:
+    def _adopt(self, pg: TorchObject, store: TorchObject, backend: str, nodes: Sequence[Hashable], own_stream: bool) -> None:
         import torch
 
         self.backend = backend
@@ -241,7 +245,7 @@ class ProcessGroupCommunicator(Communicator):
         # referenced here as long as the process group: C++ holds only its own reference,
         # and pybind loses a Python store's methods once no Python reference is left
         self._store = store
-        self._pg: Any = pg
+        self._pg: TorchObject = pg
         self._rank, self._size = int(pg.rank()), int(pg.size())
         self._lock = threading.Lock()
         self._done = False
@@ -261,7 +265,7 @@ class ProcessGroupCommunicator(Communicator):
         return self._device
 
     @property
-    def stream(self) -> Any:
+    def stream(self) -> TorchObject:
         return self._cuda.stream if self._cuda else None
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
@@ -290,7 +294,7 @@ class ProcessGroupCommunicator(Communicator):
             return
         self._run(lambda pg: start_allreduce(pg, tensor, as_reduce_op(op)))
 
-    def _allreduce_with(self, pg: Any, tensor: torch.Tensor, op: ReduceOp, name: str) -> None:
+    def _allreduce_with(self, pg: TorchObject, tensor: torch.Tensor, op: ReduceOp, name: str) -> None:
         with NumpyView(tensor) as flat:
             algorithms.allreduce(self.transport, flat, op, name)
 
@@ -342,7 +346,7 @@ class ProcessGroupCommunicator(Communicator):
     def destroy(self) -> None:
         self._finish(lambda pg: (getattr(pg, "shutdown", None) or pg.abort)())
 
-    def _finish(self, how: Any) -> None:
+    def _finish(self, how: Callable[[TorchObject], object]) -> None:
         with self._lock:
             if self._done:
                 return
@@ -356,7 +360,7 @@ class ProcessGroupCommunicator(Communicator):
             pass  # already broken (a dead peer): nothing left to free
         del pg  # the last reference: gloo closes its connections, which wakes the peers
 
-    def _group(self) -> Any:
+    def _group(self) -> TorchObject:
         """This rank's process group, unless the communicator was aborted."""
         pg = self._pg
         if pg is None:
@@ -366,7 +370,7 @@ class ProcessGroupCommunicator(Communicator):
                 f"the {self.backend} communicator was aborted (teardown or a failed peer)")
         return pg
 
-    def _run(self, call: Any) -> None:
+    def _run(self, call: Callable[[TorchObject], TorchObject]) -> None:
         pg = self._group()
         try:
             if self._cuda is None:
@@ -411,7 +415,7 @@ class _Cuda:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device) if own_stream else None  # type: ignore[no-untyped-call]  # unannotated in torch
 
-    def enter(self) -> Any:
+    def enter(self) -> contextlib.ExitStack[bool | None]:
         import contextlib
 
         import torch

@@ -24,11 +24,16 @@ order per pair), as the ``Transport`` protocol asks.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cgraph.comm.transport import byte_view
+
+if TYPE_CHECKING:
+    import torch
+
+    from cgraph._boundary import TorchObject
 
 TAG = 17
 """The tag of every message of the algorithms (the backend's own calls use tag 0)."""
@@ -43,7 +48,7 @@ class ProcessGroupTransport:
         device: where the process group's tensors live ("cpu" for gloo, "cuda" for NCCL).
     """
 
-    def __init__(self, pg: Any, nodes: Sequence[Hashable], device: str = "cpu") -> None:
+    def __init__(self, pg: TorchObject, nodes: Sequence[Hashable], device: str = "cpu") -> None:
         if len(nodes) != pg.size():
             raise ValueError(f"{len(nodes)} node ids for a process group of {pg.size()} ranks")
         self._pg, self._nodes, self._device = pg, tuple(nodes), device
@@ -82,7 +87,7 @@ class ProcessGroupTransport:
         self._pg = None
 
     # ------------------------------------------------------------------ internals
-    def _group(self) -> Any:
+    def _group(self) -> TorchObject:
         pg = self._pg
         if pg is None:
             from cgraph.errors import ChannelClosedError
@@ -95,7 +100,7 @@ class ProcessGroupTransport:
             raise ValueError(f"rank {self._rank}: no peer {peer} in a group of {self._size}")
         return peer
 
-    def _outgoing(self, buf: np.ndarray) -> Any:
+    def _outgoing(self, buf: np.ndarray) -> torch.Tensor:
         import torch
 
         raw = byte_view(buf)
@@ -104,14 +109,14 @@ class ProcessGroupTransport:
         tensor = torch.from_numpy(raw)
         return tensor if self._device == "cpu" else tensor.to(self._device)
 
-    def _landing(self, buf: np.ndarray) -> Any:
+    def _landing(self, buf: np.ndarray) -> torch.Tensor:
         import torch
 
         if self._device == "cpu" and buf.flags.writeable:
             return torch.from_numpy(byte_view(buf))  # the message lands in place
         return torch.empty(buf.nbytes, dtype=torch.uint8, device=self._device)
 
-    def _land(self, buf: np.ndarray, landing: Any) -> None:
+    def _land(self, buf: np.ndarray, landing: torch.Tensor) -> None:
         if landing.device.type == "cpu" and landing.data_ptr() == buf.ctypes.data:
             return  # it landed in place
         np.copyto(byte_view(buf), landing.cpu().numpy())

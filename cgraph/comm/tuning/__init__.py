@@ -5,3 +5,5 @@
     autotune      "auto": the cost model fitted to a group's transport picks the algorithm;
                   a group's state (``Tuner``), what each backend's communicator keeps
 """
+
+from __future__ import annotations

@@ -62,7 +62,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
@@ -445,6 +445,16 @@ loops: unbounded, a busier host took them past a 30 s timeout. A quarter leaves 
 the round under way and for waits that chain through a second team."""
 
 
+_T = TypeVar("_T")
+
+
+class Guard(Protocol):
+    """A backend's error handling around collective work: ``guard(what, work)`` returns
+    ``work()``, and turns a failure in it into the group's error."""
+
+    def __call__(self, what: str, work: Callable[[], _T], /) -> _T: ...
+
+
 class Tuner:
     """One group's ``auto``: its ``Calibration``, an ``Arm`` per size class, and the backend's
     own allreduces (``own``), which compete with cgraph's algorithms.
@@ -458,14 +468,14 @@ class Tuner:
     """
 
     def __init__(self, transport: Transport, own: Mapping[str, Run] | None = None,
-                 guard: Callable[[str, Callable[[], Any]], Any] | None = None,
+                 guard: Guard | None = None,
                  sizes: Sequence[int] = FIT_BYTES, repeats: int = REPEATS,
                  timeout_s: float | None = None) -> None:
         self.transport, self.own = transport, dict(own or {})
         self.sizes, self.repeats = tuple(sizes), repeats  # what ``tune`` measures by default
         # an auto call's measuring stops after this (None: never; ``tune`` never does)
         self.budget_s = None if timeout_s is None else AUTO_SHARE * timeout_s
-        self._guard = guard or (lambda what, work: work())
+        self._guard: Guard = guard or (lambda what, work: work())
         self.calibration: Calibration | None = None
         self.tuned = False
         self.arms: dict[int, Arm] | None = {}  # size class -> its arm; None: the model alone
