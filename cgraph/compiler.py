@@ -234,7 +234,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     buffer_size_bytes: int = 1 << 20, submit_timeout: float | None = 10.0,
     get_timeout: float | None = None, enable_asyncio: bool = False,
     default_communicator: str | UserValue | None = None, cpu_affinity: str | Iterable[int] | None = None,
-    max_buffered_results: int = 1000,
+    max_buffered_results: int = 1000, on_full: str = "raise",
     max_value_bytes: int = 16 << 30, tls: bool | None = None, timeline: bool | None = None,
     timeline_executions: int = 100, teardown_timeout: float = 30.0,
 ) -> CompiledGraph:
@@ -247,7 +247,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
             one bound call.
         overlap_gpu_communication: run communicator receives early, beside compute.
         max_inflight_executions: executions submitted and not yet read from the
-            output channels, at most (``execute`` waits for room beyond it).
+            output channels, at most (one more: see ``on_full``).
         buffer_size_bytes: initial size of each shared-memory slot (grows once if needed).
         submit_timeout: seconds ``execute`` waits for room (``None``/negative: no limit).
         get_timeout: default seconds ``get`` waits (``None``/negative: no limit).
@@ -259,6 +259,10 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
             driver's thread and its node's actor loops to one CPU: lowest latency for
             small graphs, methods run one at a time), or a set of CPU ids.
         max_buffered_results: results read before their refs asked for them, at most.
+        on_full: ``execute`` beyond ``max_inflight_executions``: ``"raise"`` (Ray's
+            ``RayCgraphCapacityExceeded``, as ``cgraph.CapacityError``) or ``"wait"``
+            (backpressure: it waits up to ``submit_timeout`` for the oldest execution
+            to finish, keeps that result for its ref, and submits; then ``CapacityError``).
         max_value_bytes: the largest value an edge between nodes carries.
         tls: mutual TLS on every socket between nodes (``None``: ``CGRAPH_TLS=1``
             or ``RAY_USE_TLS=1`` turns it on).

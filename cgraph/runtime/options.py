@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from cgraph._boundary import UserValue
 
+ON_FULL = ("raise", "wait")
+"""What ``execute`` may do at ``max_inflight_executions``: raise ``CapacityError`` or wait."""
+
 
 @dataclass(frozen=True)
 class CompileOptions:
@@ -32,6 +35,10 @@ class CompileOptions:
             actors on its node to one CPU while the graph lives: lowest latency
             for small latency-bound graphs, methods run one at a time), or a set
             of CPU ids. Restored at teardown.
+        on_full: what ``execute`` does when ``max_inflight_executions`` executions are
+            in flight: ``"raise"`` (Ray's: ``CapacityError`` at once) or ``"wait"``
+            (backpressure: it waits, up to ``submit_timeout``, for the oldest one to
+            finish, and keeps that result for its ref; then ``CapacityError``).
         max_buffered_results: results taken from the output channels but not
             yet read by their refs (a later execution was read first), at most;
             a get() that would buffer one more raises ``CapacityError``.
@@ -52,6 +59,7 @@ class CompileOptions:
     overlap_gpu_communication: bool = False
     max_inflight_executions: int = 10
     max_buffered_results: int = 1000
+    on_full: str = "raise"  # "raise" (Ray's) | "wait": execute at capacity waits for the oldest execution
     buffer_size_bytes: int = 1 << 20
     submit_timeout: float | None = 10.0
     get_timeout: float | None = None
@@ -69,6 +77,8 @@ class CompileOptions:
             value = getattr(self, name)
             if value is not None and value < 0:
                 object.__setattr__(self, name, None)
+        if self.on_full not in ON_FULL:
+            raise ValueError(f"on_full must be one of {ON_FULL}, got {self.on_full!r}")
         if self.max_buffered_results < 1:
             raise ValueError(f"max_buffered_results must be >= 1, got {self.max_buffered_results}")
         if self.max_inflight_executions < 1:

@@ -156,11 +156,18 @@ class Outputs:
         """Room for execution ``submitted`` in the channels; reads away executions whose
         refs were all dropped, if that is what fills them.
 
+        With ``on_full="wait"`` it reads the oldest execution's results instead of
+        raising, waiting up to ``submit_timeout`` for them, and keeps them for its refs.
+
         Raises:
-            CapacityError: ``max_inflight_executions`` executions wait to be read.
-            WouldBlock: ``blocking`` is False and a get() holds the lock.
+            CapacityError: ``max_inflight_executions`` executions wait to be read (with
+                "wait": the oldest did not finish within ``submit_timeout``, or keeping
+                its result would pass ``max_buffered_results``).
+            WouldBlock: ``blocking`` is False and a get() holds the lock, or it would wait.
         """
         limit = self.options.max_inflight_executions
+        waits = self.options.on_full == "wait"
+        deadline = deadline_after(self.options.submit_timeout) if waits else None
         while submitted - self._next_read >= limit:
             if not self.lock.acquire(blocking=blocking):  # a get() is reading: wait for it
                 raise WouldBlock
@@ -168,6 +175,11 @@ class Outputs:
                 self._apply_dropped()
                 if submitted - self._next_read < limit:
                     break
+                if self._next_read not in self._discarded and waits:
+                    if not blocking:
+                        raise WouldBlock  # execute_async waits in a worker thread
+                    self._wait_for_oldest(deadline)
+                    continue
                 if self._next_read not in self._discarded:
                     inflight = submitted - self._next_read
                     raise with_compat(CapacityError(
@@ -180,6 +192,24 @@ class Outputs:
                 self._read_next(deadline=deadline_after(self.options.get_timeout))
             finally:
                 self.lock.release()
+
+    def _wait_for_oldest(self, deadline: float | None) -> None:
+        """``on_full="wait"``: read the oldest execution in flight into the buffer (its
+        refs read it from there). Hold ``lock``.
+
+        Raises:
+            CapacityError: it did not finish by ``deadline``, or the buffer is full.
+        """
+        index = self._next_read
+        self._check_buffer_room()
+        try:
+            self._read_next(deadline)
+        except TimeoutError:
+            raise with_compat(CapacityError(
+                f"execute waited {self.options.submit_timeout} s (submit_timeout) for "
+                f"execution {index}, the oldest of {self.options.max_inflight_executions} in "
+                "flight, to finish (on_full='wait'); nothing was submitted, the graph is "
+                "still usable")) from None
 
     # ------------------------------------------------------------------ for refs
     def get(self, index: int, timeout: float | None, output: int | None = None) -> UserValue:

@@ -151,3 +151,71 @@ def test_colocate_pins_loops_and_driver_then_restores(ray_session):
             cgraph.compile(dag, cpu_affinity="everywhere")
     finally:
         ray.kill(probe)
+
+
+def test_on_full_wait_makes_execute_wait_for_a_slow_consumer_instead_of_raising(pair):
+    """Backpressure (vllm#12747, ray#50381): 20 executions through 2 slots of a slow actor,
+    never read until the end; execute waits for the oldest, nothing raises, every result
+    is right and in order."""
+    a, b = pair
+    with cgraph.InputNode() as inp:
+        dag = b.mul.bind(a.sleep_then.bind(inp, seconds=0.02))
+    compiled = cgraph.compile(dag, max_inflight_executions=2, on_full="wait")
+    try:
+        refs = [compiled.execute(i) for i in range(20)]
+        assert [ref.get(timeout=60) for ref in refs] == [2 * i for i in range(20)]
+        assert not compiled._outputs._results, "every buffered result was taken by its ref"
+    finally:
+        compiled.teardown()
+
+
+def test_on_full_wait_gives_up_after_submit_timeout_and_the_graph_stays_usable(pair, tmp_path):
+    """The oldest execution blocks (its actor waits for a file): execute at capacity waits
+    submit_timeout, then raises CapacityError naming on_full; nothing was submitted. Once
+    the file exists, every result comes, and the graph takes new executions."""
+    a, b = pair
+    gate = tmp_path / "go"
+    with cgraph.InputNode() as inp:
+        dag = b.inc.bind(a.when_exists.bind(inp, str(gate)))
+    compiled = cgraph.compile(dag, max_inflight_executions=1, on_full="wait", submit_timeout=0.5)
+    try:
+        first = compiled.execute(1)
+        with pytest.raises(cgraph.CapacityError, match="on_full='wait'") as info:
+            compiled.execute(2)
+        assert "execution 0" in str(info.value) and "submit_timeout" in str(info.value)
+        gate.touch()
+        assert first.get(timeout=60) == 2
+        assert [compiled.execute(i).get(timeout=60) for i in (5, 6)] == [6, 7]
+    finally:
+        compiled.teardown()
+
+
+def test_on_full_wait_with_execute_async_never_blocks_the_event_loop(pair):
+    a, b = pair
+    with cgraph.InputNode() as inp:
+        dag = b.mul.bind(a.sleep_then.bind(inp, seconds=0.02))
+    compiled = cgraph.compile(dag, max_inflight_executions=2, on_full="wait", enable_asyncio=True)
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.005)
+                ticks += 1
+
+        ticker = asyncio.ensure_future(tick())
+        await asyncio.sleep(0)
+        futs = [await compiled.execute_async(i) for i in range(10)]  # 8 of them wait for room
+        while_submitting = ticks
+        values = [await f for f in futs]
+        ticker.cancel()
+        return values, while_submitting
+
+    try:
+        values, ticks = asyncio.run(main())
+        assert values == [2 * i for i in range(10)]
+        assert ticks > 0, "the event loop ran while execute_async waited for room"
+    finally:
+        compiled.teardown()

@@ -148,6 +148,9 @@ def test_options_are_checked():
         cgraph.plan(build_seed_dag(), max_inflight_executions=0)
     with pytest.raises(ValueError, match="max_buffered_results must be >= 1"):
         cgraph.plan(build_seed_dag(), max_buffered_results=0)
+    with pytest.raises(ValueError, match="on_full must be one of"):
+        cgraph.plan(build_seed_dag(), on_full="block")
+    assert cgraph.plan(build_seed_dag()).options.on_full == "raise", "Ray's behaviour by default"
 
 
 def test_negative_timeouts_mean_no_limit_as_in_ray():
