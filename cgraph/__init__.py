@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from cgraph.comm import Communicator
     from cgraph.compat import InputNode, MultiOutputNode, TorchTensorType, with_type_hint
     from cgraph.compiler import compile, plan
-    from cgraph.runtime import CompiledGraph, CompiledRef
+    from cgraph.runtime import CompiledGraph, CompiledRef, wait
 
 _LAZY = {
     "Communicator": "cgraph.comm",
@@ -59,6 +59,7 @@ _LAZY = {
     "with_type_hint": "cgraph.compat",
     "CompiledGraph": "cgraph.runtime",
     "CompiledRef": "cgraph.runtime",
+    "wait": "cgraph.runtime",
 }
 
 
@@ -104,5 +105,6 @@ __all__ = [
     "UnusedInputError",
     "compile",
     "plan",
+    "wait",
     "with_type_hint",
 ]

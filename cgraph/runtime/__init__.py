@@ -8,6 +8,6 @@ from __future__ import annotations
 
 from cgraph.runtime.compiled_graph import CompiledGraph
 from cgraph.runtime.options import CompileOptions
-from cgraph.runtime.results import CompiledFuture, CompiledRef
+from cgraph.runtime.results import CompiledFuture, CompiledRef, wait
 
-__all__ = ["CompileOptions", "CompiledFuture", "CompiledGraph", "CompiledRef"]
+__all__ = ["CompileOptions", "CompiledFuture", "CompiledGraph", "CompiledRef", "wait"]

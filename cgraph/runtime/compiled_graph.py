@@ -428,6 +428,10 @@ class CompiledGraph:
         """For refs (``refs.Results``): execution ``index``'s result, or its output ``output``."""
         return self._outputs.get(index, timeout, output)
 
+    def _result_ready(self, index: int, deadline: float | None) -> bool:
+        """For ``cgraph.wait``: whether execution ``index``'s get answers at once."""
+        return self._outputs.ready(index, deadline)
+
     def _discard_result(self, index: int, output: int | None = None) -> None:
         """For refs: the ref of ``index`` (or of its output ``output``) was dropped unread."""
         self._outputs.discard(index, output)

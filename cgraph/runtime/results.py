@@ -261,6 +261,36 @@ class Outputs:
                 raise error.to_exception()
             return values[output]
 
+    def ready(self, index: int, deadline: float | None) -> bool:
+        """Whether ``get`` of execution ``index`` would answer without waiting (a value, or
+        an error at once). Reads the executions up to ``index`` that have arrived, as a
+        get() of a later ref does (their results wait in the buffer for their refs),
+        waiting for them until ``deadline`` (None: no limit; past: not at all)."""
+        if not self.lock.acquire(timeout=-1 if deadline is None else _remaining(deadline) or 0):
+            return False  # a get() is reading in another thread: not ready by the deadline
+        try:
+            if self._dropped:
+                self._apply_dropped()
+            if index in self._results or index < self._next_read:
+                return True  # read, or already taken by its ref (a second get raises at once)
+            if self._state.failure is not None or self._state.torn_down:
+                return True  # get raises at once
+            while self._next_read <= index:
+                if self._next_read < index and len(self._results) >= self.options.max_buffered_results \
+                        and self._next_read not in self._discarded:
+                    return False  # get would raise CapacityError: no result to wait for
+                try:
+                    self._read_next(deadline, want=index)
+                except TimeoutError:
+                    return False
+                except _EarlyError:
+                    return True  # an output failed: get raises at once
+            return True
+        except RuntimeGraphError:
+            return True  # the graph failed while reading: get raises at once
+        finally:
+            self.lock.release()
+
     def _check_buffer_room(self) -> None:
         """Before taking an earlier execution's results to buffer them."""
         limit = self.options.max_buffered_results
@@ -443,6 +473,8 @@ class Results(Protocol):
 
     def _discard_result(self, index: int, output: int | None = None) -> None: ...
 
+    def _result_ready(self, index: int, deadline: float | None) -> bool: ...
+
 
 class _RayText:
     """Ray's text for a compiled ref or future (``CompiledDAGRef(<graph id>,
@@ -521,6 +553,10 @@ class CompiledRef(_RayText, CompiledDAGRef):
     def _fields(self) -> tuple[Results, int, int | None]:
         return self._graph, self._execution_index, self._output
 
+    def _ready(self, deadline: float | None) -> bool:
+        """Whether ``get()`` would answer at once (``cgraph.wait``), waiting until ``deadline``."""
+        return self._consumed or self._graph._result_ready(self._execution_index, deadline)
+
     def _drop(self) -> None:
         """Give up this result unread (its slot is freed as if the ref were deleted)."""
         if not self._consumed:
@@ -594,3 +630,69 @@ class CompiledFutureList(list):  # type: ignore[type-arg]
 
     def __await__(self) -> Generator[object, None, list[UserValue]]:
         return asyncio.gather(*self).__await__()
+
+
+# --------------------------------------------------------------------------- wait
+Waitable = CompiledRef | CompiledFuture
+"""What ``wait`` takes: a compiled ref or future (of any graph)."""
+
+WAIT_SLICE_S = 0.01
+"""How long ``wait`` blocks on one graph's output when the refs span several graphs (it
+cannot sleep on all of them at once); with one graph it blocks until the deadline."""
+
+
+def wait(refs: list[Waitable], *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True) -> tuple[list[Waitable], list[Waitable]]:
+    """``ray.wait`` for compiled refs and futures: wait until ``num_returns`` of them are
+    ready (a ``get`` or ``await`` of each answers at once, with a value or an error).
+
+    Args:
+        refs: compiled refs or futures, of one or several graphs, each at most once.
+        num_returns: how many ready ones to wait for.
+        timeout: seconds at most (None: no limit; 0: do not wait).
+        fetch_local: accepted for Ray's signature; the results are in the driver already.
+
+    Returns:
+        ``(ready, not_ready)``: at most ``num_returns`` ready ones, and the rest, each
+        list in the order of ``refs``. A ref is read once: ``wait`` takes no result, it
+        only moves arrived results into the graph's buffer for their refs (within
+        ``max_buffered_results``, as a ``get`` of a later ref does).
+
+    Raises:
+        TypeError: ``refs`` is not a list of compiled refs and futures.
+        ValueError: a ref appears twice, ``num_returns`` is out of range, or ``timeout``
+            is negative.
+    """
+    if not isinstance(refs, (list, tuple)):
+        raise TypeError(f"wait() expected a list of compiled refs or futures, got {type(refs).__name__}")
+    items = list(refs)
+    for item in items:
+        if not isinstance(item, (CompiledRef, CompiledFuture)):
+            raise TypeError(f"wait() expected a list of compiled refs or futures (CompiledDAGRef, "
+                            f"CompiledDAGFuture), got an element of type {type(item).__name__}")
+    if len({id(item) for item in items}) != len(items):
+        raise ValueError("Wait requires a list of unique object refs.")
+    if num_returns <= 0:
+        raise ValueError(f"Invalid number of objects to return {num_returns}.")
+    if num_returns > len(items):
+        raise ValueError("num_returns cannot be greater than the number of objects provided to "
+                         f"wait ({num_returns} > {len(items)}).")
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"The 'timeout' argument must be nonnegative. Received {timeout}")
+    del fetch_local
+    deadline = deadline_after(timeout)
+    refs_of = [item._ref if isinstance(item, CompiledFuture) else item for item in items]
+    graphs = {id(ref._graph) for ref in refs_of}
+    while True:
+        now = time.monotonic()
+        ready = [i for i, ref in enumerate(refs_of) if ref._ready(now)]
+        if len(ready) >= num_returns or (deadline is not None and now >= deadline):
+            break
+        waiting = min((ref for i, ref in enumerate(refs_of) if i not in ready),
+                      key=lambda ref: ref.execution_index)
+        until = deadline if len(graphs) == 1 else min(
+            now + WAIT_SLICE_S, deadline if deadline is not None else float("inf"))
+        waiting._ready(until)  # blocks in the kernel on that graph's next output
+    chosen = set(ready[:num_returns])
+    return ([items[i] for i in sorted(chosen)],
+            [items[i] for i in range(len(items)) if i not in chosen])

@@ -219,3 +219,70 @@ def test_on_full_wait_with_execute_async_never_blocks_the_event_loop(pair):
         assert ticks > 0, "the event loop ran while execute_async waited for room"
     finally:
         compiled.teardown()
+
+
+def test_wait_returns_the_ready_refs_in_order_and_takes_no_result(pair, tmp_path):
+    """``cgraph.wait`` as ``ray.wait`` (ray#51391): each execution waits for its own file;
+    results come in execution order, so a later one is not ready before an earlier one."""
+    a, _ = pair
+    with cgraph.InputNode() as inp:
+        dag = a.when_exists.bind(inp, inp)  # the input is the gate's path: returned once it exists
+    compiled = cgraph.compile(dag, max_inflight_executions=3)
+    gates = [tmp_path / f"g{i}" for i in range(3)]
+    try:
+        refs = [compiled.execute(str(g)) for g in gates]
+        assert cgraph.wait(refs, timeout=0) == ([], refs)
+        assert cgraph.wait(refs, num_returns=2, timeout=0.2) == ([], refs)
+        gates[0].touch()
+        assert cgraph.wait(refs) == ([refs[0]], refs[1:])  # no timeout: until one is ready
+        gates[2].touch()  # execution 2 finishes only after 1
+        assert cgraph.wait(refs[1:], timeout=0.2) == ([], refs[1:])
+        gates[1].touch()
+        later = [refs[2], refs[1]]
+        assert cgraph.wait(later, num_returns=2) == (later, [])
+        assert cgraph.wait(refs, num_returns=3, timeout=0) == (refs, [])
+        assert [ref.get(timeout=0) for ref in refs] == [str(g) for g in gates], "wait took nothing"
+        assert cgraph.wait(refs, num_returns=3, timeout=0) == (refs, []), "a read ref is ready"
+    finally:
+        compiled.teardown()
+
+
+def test_wait_across_two_graphs_and_on_futures_and_errors(pair, tmp_path):
+    a, b = pair
+    with cgraph.InputNode() as inp:
+        slow = a.when_exists.bind(inp, inp)
+    with cgraph.InputNode() as inp:
+        failing = b.fail_if.bind(inp, bad=3)
+    g1 = cgraph.compile(slow, enable_asyncio=True)
+    g2 = cgraph.compile(failing)
+    gate = tmp_path / "gate"
+    try:
+        r1, r2 = g1.execute(str(gate)), g2.execute(3)
+        assert cgraph.wait([r1, r2], timeout=30) == ([r2], [r1]), "an error is ready: get raises at once"
+        with pytest.raises(ValueError, match="bad input 3"):
+            r2.get(timeout=0)
+        gate.touch()
+        assert cgraph.wait([r1], timeout=30) == ([r1], [])
+        assert r1.get(timeout=0) == str(gate)
+
+        async def futures():
+            futs = [await g1.execute_async(str(gate)) for _ in range(2)]
+            ready, rest = cgraph.wait(futs, num_returns=2, timeout=30)
+            return ready == futs and rest == [], [await f for f in futs]
+
+        assert asyncio.run(futures()) == (True, [str(gate)] * 2)
+        with pytest.raises(TypeError, match="list of compiled refs"):
+            cgraph.wait(r1)
+        with pytest.raises(TypeError, match="compiled refs or futures"):
+            cgraph.wait([ray.put(1)])
+        ref = g2.execute(1)
+        with pytest.raises(ValueError, match="unique"):
+            cgraph.wait([ref, ref])
+        with pytest.raises(ValueError, match="num_returns cannot be greater"):
+            cgraph.wait([ref], num_returns=2)
+        with pytest.raises(ValueError, match="nonnegative"):
+            cgraph.wait([ref], timeout=-1)
+        assert ref.get(timeout=30) == 1
+    finally:
+        g1.teardown()
+        g2.teardown()
