@@ -64,6 +64,7 @@ from cgraph.errors import (
     register_compat,
     with_compat,
 )
+from cgraph.runtime import where
 from cgraph.runtime.monitor import LoopMonitor
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Recorder
@@ -210,6 +211,8 @@ class CompiledGraph:
         self._recorder = Recorder(2 * options.timeline_executions) if records(options) else None
         self._state = GraphState()
         self._outputs = Outputs(options, endpoints, multi_output, self._recorder, self._state)
+        self._outputs.where = lambda: self.status().line()
+        self._describer: where.Describer | None = None
         _LIVE.add(self)
         _torn_down_by_ray_shutdown(self)
 
@@ -410,6 +413,28 @@ class CompiledGraph:
     def __exit__(self, *exc: object) -> None:
         """``with cgraph.compile(dag) as compiled:`` tears the graph down on leaving."""
         self.teardown()
+
+    def status(self) -> where.GraphStatus:
+        """Where each actor's loop is now: its execution, its op, for how long, and what
+        it runs or waits for (the channel, and the actor at its other end). Asks every
+        actor (one Ray call each, beside its loop; at most ``where.ASK_TIMEOUT_S``).
+
+        Returns:
+            A tuple of ``ActorWhere``, one per actor; ``print`` shows a table.
+        """
+        if self._describer is None:
+            self._describer = where.Describer(
+                self.planned.schedule, self.planned.plan.channels,
+                {n.id: n.method for n in self.graph.nodes if n.method}, self._where_labels())
+        answers = where.ask(self._handles, self._tag)
+        return where.GraphStatus(self._describer.describe(actor, answers[actor]) for actor in self._handles)
+
+    def _where_labels(self) -> dict[str, str]:
+        """ "a (Worker, node 0)": node 0 is the driver's, the others numbered as met."""
+        here = ray.get_runtime_context().get_node_id()
+        nodes = {here: 0}
+        return {a.id: f"{a.id} ({a.cls}, node {nodes.setdefault(a.host or here, len(nodes))})"
+                for a in self.graph.actors}
 
     def get_id(self) -> str:
         """This graph's id, as text (Ray Compiled Graphs' ``get_id``)."""

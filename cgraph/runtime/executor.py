@@ -55,6 +55,7 @@ from cgraph.runtime.recording import (
     register,
     torch_profiling,
 )
+from cgraph.runtime.where import ENDED, track
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
 
@@ -336,7 +337,7 @@ the node's reader, method and writers, so an iteration looks nothing up (what th
 saves: docs/design-notes.md, "The executor's hot path")."""
 
 
-def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
+def _recorded_execution(ctx: Context, steps: list[Step], where: list[int]) -> Callable[[], None]:
     """One execution of the loop, recorded: each step's end stamped with one clock read;
     an op of the comm stream is timed where its body runs, on the comm thread
     (``CommState.run``), so each op is one event; a COMPUTE's wait for values in
@@ -347,18 +348,21 @@ def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
     comm_ops = sum(op.stream is Stream.COMM for op in program.ops)
     recorder = ctx.recorder = register(program.graph_tag, program.timeline * max(comm_ops, 1), program.timeline)
     timed: list[Step] = []
+    positions: list[int] = []  # the op of each timed step, for the where-record
     labels: list[str | None] = []
     kinds: list[tuple[str, str] | None] = []  # (op kind, method) per step, for Ray's events
     sized: list[list[int | Callable[[object], int | None]]] = []  # [step, size(), values in a row that had no buffer]
-    for op, step in zip(program.ops, steps, strict=True):
+    for position, (op, step) in enumerate(zip(program.ops, steps, strict=True)):
         waits = _waiting(op, ctx) if op.kind is OpKind.COMPUTE and op.stream is not Stream.COMM else None
         if waits is not None:
             timed.append(waits)
+            positions.append(position)
             labels.append(f"wait {op}")
             kinds.append(None)
         if op.kind is not OpKind.COMPUTE and op.stream is not Stream.COMM:
             sized.append([len(timed), value_size(ctx, op.node), 0])
         timed.append(step)
+        positions.append(position)
         labels.append(None if op.stream is Stream.COMM else str(op))
         kinds.append((op.kind.value, _method_of(op, program)))
     ray_events = ray_task_events(ctx.instance, kinds) if program.ray_events else None
@@ -366,10 +370,14 @@ def _recorded_execution(ctx: Context, steps: list[Step]) -> Callable[[], None]:
     _spans.bind(lambda text, start, end, size: recorder.add(text, "collective", ctx.execution, start, end, size))
     ctx.close_hooks.append(lambda: _spans.bind(None))
 
+    steps_at = tuple(zip(positions, timed, strict=True))
+
     def run_one() -> None:
         stamps = [now()]
         mark = stamps.append
-        for step in timed:
+        for position, step in steps_at:
+            where[1] = position
+            where[2] = stamps[-1]
             step()
             mark(now())
         sizes: list[int | None] = [None] * len(names)
@@ -443,22 +451,30 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
     unpin = pin_thread(program.cpu_affinity)
     ctx = Context(instance, program)
     steps = [HANDLERS[op.kind](op, ctx) for op in program.ops]
+    where = track(program.graph_tag)  # [execution, op position, since]: read by status() (where.py)
     try:
         with torch_profiling(program.torch_profiles):  # Ray's switch; a no-op otherwise
             if program.timeline is not None:  # a loop of its own: unrecorded loops run the bare steps
-                run_one = _recorded_execution(ctx, steps)
+                run_one = _recorded_execution(ctx, steps, where)
                 while True:
                     run_one()
                     ctx.end_execution()
+                    where[0] = ctx.execution
+            now = time.perf_counter_ns
+            positioned = tuple(enumerate(steps))
             while True:
-                for step in steps:
+                for position, step in positioned:
+                    where[1] = position
+                    where[2] = now()
                     step()
                 ctx.end_execution()
+                where[0] = ctx.execution
     except ChannelLostError as exc:  # a peer went away: say which, the monitor reports it
         return str(exc)
     except ChannelClosedError:
         return "closed"
     finally:
+        where[1] = ENDED
         ctx.close()
         unpin()
         coverage_hook.save(measured)

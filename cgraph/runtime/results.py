@@ -25,7 +25,7 @@ import asyncio
 import collections
 import threading
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from ray.experimental.compiled_dag_ref import CompiledDAGFuture, CompiledDAGRef
@@ -123,6 +123,7 @@ class Outputs:
         self._multi_output = multi_output
         self._recorder = recorder
         self._state = state
+        self.where: Callable[[], str] | None = None  # each actor's where-record, one line (set by the graph)
         self.lock = threading.RLock()
         self._dropped: collections.deque[tuple[int, int | None]] = collections.deque()
         self._next_read = 0
@@ -189,7 +190,10 @@ class Outputs:
                         "`_max_inflight_executions`. (cgraph: their results are not yet taken "
                         "from the graph; call get() on earlier refs first, or compile with a "
                         "larger max_inflight_executions.)"))
-                self._read_next(deadline=deadline_after(self.options.get_timeout))
+                try:
+                    self._read_next(deadline=deadline_after(self.options.get_timeout))
+                except _NotYet as late:
+                    raise self._timeout_error(late.index, self.options.get_timeout) from None
             finally:
                 self.lock.release()
 
@@ -204,23 +208,26 @@ class Outputs:
         self._check_buffer_room()
         try:
             self._read_next(deadline)
-        except TimeoutError:
+        except _NotYet:
             raise with_compat(CapacityError(
                 f"execute waited {self.options.submit_timeout} s (submit_timeout) for "
                 f"execution {index}, the oldest of {self.options.max_inflight_executions} in "
                 "flight, to finish (on_full='wait'); nothing was submitted, the graph is "
-                "still usable")) from None
+                f"still usable. Where each actor is: {self._where_line()}")) from None
 
     # ------------------------------------------------------------------ for refs
     def get(self, index: int, timeout: float | None, output: int | None = None) -> UserValue:
         """Execution ``index``'s result, or only its output number ``output``."""
-        if self._recorder is None:
-            return self._take_result(index, timeout, output)
-        start = time.perf_counter_ns()
         try:
-            return self._take_result(index, timeout, output)
-        finally:
-            self._recorder.add("get", "driver", index, start, time.perf_counter_ns())
+            if self._recorder is None:
+                return self._take_result(index, timeout, output)
+            start = time.perf_counter_ns()
+            try:
+                return self._take_result(index, timeout, output)
+            finally:
+                self._recorder.add("get", "driver", index, start, time.perf_counter_ns())
+        except _NotYet as late:  # outside the lock: the message asks the actors where they are
+            raise self._timeout_error(late.index, self.options.get_timeout if timeout is None else timeout) from None
 
     def _take_result(self, index: int, timeout: float | None, output: int | None = None) -> UserValue:
         if timeout is None:
@@ -281,7 +288,7 @@ class Outputs:
                     return False  # get would raise CapacityError: no result to wait for
                 try:
                     self._read_next(deadline, want=index)
-                except TimeoutError:
+                except _NotYet:
                     return False
                 except _EarlyError:
                     return True  # an output failed: get raises at once
@@ -310,7 +317,7 @@ class Outputs:
         try:
             value = reader.read(timeout=_remaining(deadline))
         except ChannelTimeoutError:
-            raise self._timeout_error(index) from None
+            raise _NotYet(index) from None
         except ChannelClosedError as exc:
             raise self._state.closed_error(exc) from None
         except RuntimeGraphError:
@@ -323,10 +330,22 @@ class Outputs:
             raise value.to_exception()
         return value
 
-    def _timeout_error(self, index: int) -> Exception:
+    def _timeout_error(self, index: int, waited: float | None) -> Exception:
+        """A get's timeout: where each actor is (``where.py``) when the get waited at least
+        ``WHERE_AFTER_S`` (a poll with a tiny timeout does not ask every actor)."""
+        where = (f" Where each actor is: {self._where_line()}" if waited is not None and waited >= WHERE_AFTER_S
+                 else " (compiled.status() says where each actor is)")
         return with_compat(TimeoutError(
             f"execution {index} did not finish in time; the graph is still usable "
-            "and the result can be read again"))
+            f"and the result can be read again.{where}"))
+
+    def _where_line(self) -> str:
+        if self.where is None:
+            return "unknown (this graph was started without cgraph.compile)"
+        try:
+            return self.where()
+        except Exception as exc:  # noqa: BLE001 - the timeout itself must still be raised
+            return f"unknown ({type(exc).__name__}: {exc})"
 
     def _output_done(self, index: int) -> bool:
         """One output of a multi-output execution is read or dropped; True when it was
@@ -402,7 +421,7 @@ class Outputs:
                     raise _EarlyError(value)
             pending = [(n, r) for n, r in pending if n not in self._partial]
             if pending and deadline is not None and time.monotonic() >= deadline:
-                raise self._timeout_error(index)
+                raise _NotYet(index)
         self._store(index)
 
     def _store(self, index: int) -> None:
@@ -436,6 +455,18 @@ class Outputs:
 class _EarlyError(Exception):  # noqa: N818 - control flow inside this module
     def __init__(self, error: ErrorValue) -> None:
         self.error = error
+
+
+class _NotYet(Exception):  # noqa: N818 - control flow inside this module (not a graph error)
+    """Execution ``index`` did not finish by the deadline: a get raises ``TimeoutError``
+    (built outside the lock), ``wait`` and ``on_full="wait"`` say so their own way."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+WHERE_AFTER_S = 0.5
+"""A get that waited at least this long says in its timeout where each actor is."""
 
 
 _POLL_S = 0.01

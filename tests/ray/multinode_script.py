@@ -50,6 +50,10 @@ class Node:
     def where(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
+    def nap(self, x, seconds):
+        time.sleep(seconds)
+        return x
+
     def inc(self, x):
         return x + 1
 
@@ -115,6 +119,25 @@ def break_data_connections(_self) -> int:
             socket.socket.shutdown(obj._data, socket.SHUT_RDWR)
             broken += 1
     return broken
+
+
+def check_where_across_nodes(a, b) -> None:
+    """b (node 2) naps in its method, a (head) waits for its value: a get's timeout says so
+    for both, with their nodes, as on one node."""
+    with InputNode() as inp:
+        dag = a.inc.bind(b.nap.bind(inp, 4))
+    compiled = cgraph.compile(dag)
+    compiled.execute(0).get(timeout=60)
+    ref = compiled.execute(1)
+    try:
+        ref.get(timeout=1.5)
+        said = None
+    except cgraph.TimeoutError as exc:
+        said = str(exc)
+    status = [str(w) for w in compiled.status()]
+    ref.get(timeout=60)
+    compiled.teardown()
+    report("where", said=said, status=status)
 
 
 def check_death_at_the_output(on_two) -> None:
@@ -227,6 +250,7 @@ def run_checks() -> None:
            kinds=sorted(s.kind.name for s in compiled.planned.plan.channels if s.node == "n0"))
     compiled.teardown()
     check_gloo_across_nodes(a, b, c)
+    check_where_across_nodes(a, b)
     check_collectives_across_nodes(on_head, on_two)
     check_a_pair_first(on_head, on_two)
     check_death_at_the_output(on_two)

@@ -138,3 +138,12 @@ def test_teardown_leaves_nothing(checks):
     teardown = checks["teardown"]
     assert teardown["survivors"] == [2, 2]
     assert teardown["segments"] == []
+
+
+def test_a_timeout_across_nodes_says_where_each_actor_is(checks):
+    """The node-2 actor naps in its method; the head's actor waits for its value."""
+    said = checks["where"]["said"]
+    assert said is not None and "execution 1 did not finish in time" in said, said
+    assert "(Node, node 1): running nap for " in said, said
+    assert "(Node, node 0): waiting " in said and "'s value on channel" in said, said
+    assert any("node 1" in line and "running nap" in line for line in checks["where"]["status"])

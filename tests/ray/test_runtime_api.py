@@ -286,3 +286,40 @@ def test_wait_across_two_graphs_and_on_futures_and_errors(pair, tmp_path):
     finally:
         g1.teardown()
         g2.teardown()
+
+
+def test_a_timeout_says_where_each_actor_is_and_status_shows_it(pair, tmp_path):
+    """The most reported failure of Ray CG is a timeout that names nothing (vllm#27116):
+    a sleeps in its method, b waits for a's value; get(timeout) names both, status() too."""
+    a, b = pair
+    gate = tmp_path / "go"
+    with cgraph.InputNode() as inp:
+        dag = b.inc.bind(a.when_exists.bind(inp, str(gate)))
+    compiled = cgraph.compile(dag)
+    try:
+        gate.touch()
+        assert compiled.execute(1).get(timeout=60) == 2
+        gate.unlink()
+        ref = compiled.execute(2)
+        with pytest.raises(cgraph.TimeoutError) as info:
+            ref.get(timeout=1)
+        text = str(info.value)
+        assert "execution 1 did not finish in time" in text, text
+        assert "a (Worker, node 0): running when_exists for " in text, text
+        assert "b (Worker, node 0): waiting " in text and "for a's value on channel" in text, text
+        assert "(execution 1, op a.C" in text and "(execution 1, op b.R" in text, text
+        status = compiled.status()
+        rows = {w.actor: w for w in status}
+        assert rows["a"].state == "running" and rows["a"].execution == 1 and rows["a"].seconds >= 1
+        assert rows["b"].state == "waiting" and rows["b"].op.startswith("b.R")
+        table = str(status)
+        assert table.splitlines()[0].split()[:3] == ["actor", "execution", "op"] and "when_exists" in table
+        with pytest.raises(cgraph.TimeoutError, match=r"compiled.status\(\) says where"):
+            ref.get(timeout=0)  # a poll does not ask every actor
+        gate.touch()
+        assert ref.get(timeout=60) == 3
+        idle = {w.actor: w for w in compiled.status()}
+        assert idle["a"].op.startswith("a.R") and "the driver's value" in idle["a"].detail, idle
+    finally:
+        compiled.teardown()
+    assert {w.state for w in compiled.status()} <= {"ended", "no answer"}
