@@ -462,7 +462,11 @@ class CompiledGraph:
         self._outputs.discard(index, output)
 
     def _fail(self, error: RuntimeGraphError) -> None:
-        """Called by the monitor: remember why, and wake every waiter."""
+        """Called by the monitor: remember why (with where every actor was, while the
+        survivors' loops still wait), and wake every waiter."""
+        if error.args and isinstance(error.args[0], str):
+            error.args = (f"{error.args[0]} Where each actor was: {self._outputs._where_line()}",
+                          *error.args[1:])
         self._state.fail(error)
         for res in self._ep.resources:
             _quietly(res.close)

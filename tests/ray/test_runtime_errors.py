@@ -141,6 +141,8 @@ def test_actor_death_raises_promptly(ray_session, no_leaks):
             ref.get(timeout=30)
         assert time.monotonic() - start < 15
         assert "a (Worker)" in str(info.value)
+        said = str(info.value).split("Where each actor was: ", 1)[1]  # the survivor's where-record
+        assert "a (Worker, node 0): no answer" in said and "b (Worker, node 0): waiting " in said, said
         assert isinstance(info.value, ray.exceptions.RayActorError)  # as Ray users catch it
         with pytest.raises(cgraph.ActorDiedError):
             compiled.execute(2)
