@@ -204,10 +204,19 @@ def soak(data: dict[str, Any]) -> str:
                    f"{total['max_error_s']:.2f} s of its fault.")
 
 
+def where(data: dict[str, Any]) -> str:
+    bare, busy = data["rows"][0], data["rows"][1]
+    return heading("Where-record", "bench_where.py", "where.md",
+                   f"what each actor's loop pays per op to know where it is (a timeout and `status()` "
+                   f"say it): {bare['record_ns_per_op']:.0f} ns over ops that do nothing, "
+                   f"{busy['record_ns_per_op']:.0f} ns over 1 µs ops (budget {data['budget_ns']} ns); "
+                   f"medians of the loop with and without it, alternated in one run.")
+
+
 AREAS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("runtime.json", runtime), ("collective.json", collective), ("overlap.json", overlap),
     ("crossnode.json", crossnode), ("forward.json", forward), ("scheduler.json", scheduler),
-    ("channels.json", channels), ("fault_soak.json", soak),
+    ("channels.json", channels), ("fault_soak.json", soak), ("where.json", where),
 )
 
 

@@ -10,7 +10,7 @@
     b (Worker, node 0): waiting 3.0 s for a's value on channel n1 (execution 1, op b.R1)
 
 The loop writes two list items per op (the op's position and a clock read) and one per
-execution: a few hundred ns an op at most on these VMs, against a budget of 1 us
+execution: about 0.1 us an op on an idle VM, against a budget of 1 us
 (``benchmarks/bench_where.py``, ``benchmarks/results/where.md``). Nothing is
 sent anywhere: the driver asks when a ``get`` timed out or when ``status()`` is called,
 through ``__ray_call__``, which Ray runs beside the loop (the loop holds its own
