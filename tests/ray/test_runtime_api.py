@@ -288,14 +288,16 @@ def test_wait_across_two_graphs_and_on_futures_and_errors(pair, tmp_path):
         g2.teardown()
 
 
-def test_a_timeout_says_where_each_actor_is_and_status_shows_it(pair, tmp_path):
+@pytest.mark.parametrize("timeline", [False, True], ids=["plain-loop", "recorded-loop"])
+def test_a_timeout_says_where_each_actor_is_and_status_shows_it(pair, tmp_path, timeline):
     """The most reported failure of Ray CG is a timeout that names nothing (vllm#27116):
-    a sleeps in its method, b waits for a's value; get(timeout) names both, status() too."""
+    a sleeps in its method, b waits for a's value; get(timeout) names both, status() too.
+    The loop that records a timeline keeps the record as the plain one does."""
     a, b = pair
     gate = tmp_path / "go"
     with cgraph.InputNode() as inp:
         dag = b.inc.bind(a.when_exists.bind(inp, str(gate)))
-    compiled = cgraph.compile(dag)
+    compiled = cgraph.compile(dag, timeline=timeline)
     try:
         gate.touch()
         assert compiled.execute(1).get(timeout=60) == 2
