@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from cgraph.runtime.compiled_graph import CompiledGraph
 from cgraph.runtime.options import CompileOptions
-from cgraph.runtime.results import CompiledFuture, CompiledRef, wait
+from cgraph.runtime.results import CompiledFuture, CompiledRef
+from cgraph.runtime.waiting import wait
 
 __all__ = ["CompileOptions", "CompiledFuture", "CompiledGraph", "CompiledRef", "wait"]

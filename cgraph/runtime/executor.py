@@ -17,6 +17,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from functools import partial
 from types import CoroutineType
 from typing import cast
@@ -351,7 +352,7 @@ def _recorded_execution(ctx: Context, steps: list[Step], where: list[int]) -> Ca
     positions: list[int] = []  # the op of each timed step, for the where-record
     labels: list[str | None] = []
     kinds: list[tuple[str, str] | None] = []  # (op kind, method) per step, for Ray's events
-    sized: list[list[int | Callable[[object], int | None]]] = []  # [step, size(), values in a row that had no buffer]
+    sized: list[_Sized] = []
     for position, (op, step) in enumerate(zip(program.ops, steps, strict=True)):
         waits = _waiting(op, ctx) if op.kind is OpKind.COMPUTE and op.stream is not Stream.COMM else None
         if waits is not None:
@@ -360,7 +361,7 @@ def _recorded_execution(ctx: Context, steps: list[Step], where: list[int]) -> Ca
             labels.append(f"wait {op}")
             kinds.append(None)
         if op.kind is not OpKind.COMPUTE and op.stream is not Stream.COMM:
-            sized.append([len(timed), value_size(ctx, op.node), 0])
+            sized.append(_Sized(len(timed), value_size(ctx, op.node)))
         timed.append(step)
         positions.append(position)
         labels.append(None if op.stream is Stream.COMM else str(op))
@@ -382,9 +383,9 @@ def _recorded_execution(ctx: Context, steps: list[Step], where: list[int]) -> Ca
             mark(now())
         sizes: list[int | None] = [None] * len(names)
         for entry in sized:  # the values are still here until end_execution
-            if cast(int, entry[2]) < _SIZE_TRIES:  # a node whose values never had a buffer: not looked at again
-                got = sizes[cast(int, entry[0])] = cast("Callable[[object], int | None]", entry[1])(None)
-                entry[2] = 0 if got is not None else cast(int, entry[2]) + 1
+            if entry.misses < _SIZE_TRIES:  # a node whose values never had a buffer: not looked at again
+                got = sizes[entry.step] = entry.size()
+                entry.misses = 0 if got is not None else entry.misses + 1
         add(ctx.execution, names, stamps, sizes)
         if ray_events is not None:
             ray_events(stamps)
@@ -401,16 +402,26 @@ def _method_of(op: Op, program: ActorProgram) -> str:
     return ""
 
 
+@dataclass(slots=True)
+class _Sized:
+    """A recorded step that moves a value: its place among the steps, how to count the
+    value's bytes (None while it is in flight), and how many values in a row had no buffer."""
+
+    step: int
+    size: Callable[[], int | None]
+    misses: int = 0
+
+
 _SIZE_TRIES = 8
 """A recording loop stops counting the bytes of a node's values after this many in a row
 had no buffer (an edge's values keep their type: a few us per execution saved)."""
 
 
-def value_size(ctx: Context, node: str) -> Callable[[object], int | None]:
+def value_size(ctx: Context, node: str) -> Callable[[], int | None]:
     """For a recorded event: the bytes of ``node``'s value (None while it is in flight)."""
     values = ctx.values
 
-    def size(_: object) -> int | None:
+    def size() -> int | None:
         value = values.get(node)
         return None if type(value) in NO_BUFFER else nbytes(value)  # the common small values: one lookup
 

@@ -107,7 +107,9 @@ class Describer:
                  methods: Mapping[str, str], labels: Mapping[str, str]) -> None:
         self._schedule, self._methods, self._labels = schedule, methods, labels
         self._by_reader = {(reader, c.node): c for c in channels for reader in c.readers}
-        self._by_writer = {(c.writer, c.node): c for c in channels}
+        self._by_writer: dict[tuple[str, str], list[ChannelSpec]] = {}
+        for c in channels:  # a value may leave on several channels (shm here, a socket to a node)
+            self._by_writer.setdefault((c.writer, c.node), []).append(c)
 
     def describe(self, actor: str, answer: tuple[int, int, float] | None | BaseException) -> ActorWhere:
         label = self._labels.get(actor, actor)
@@ -135,11 +137,10 @@ class Describer:
             return "waiting", (f"waiting {for_s} for {self._name(writer)}'s value on channel "
                                f"{channel.id if channel is not None else op.node}")
         if op.kind is OpKind.WRITE:
-            channel = self._by_writer.get((actor, op.node))
-            readers = ", ".join(self._name(r) for r in channel.readers) if channel is not None else "?"
-            return "waiting", (f"writing {op.node} for {for_s}: channel "
-                               f"{channel.id if channel is not None else op.node} waits for room "
-                               f"(read by {readers})")
+            out = self._by_writer.get((actor, op.node), [])
+            ids = ", ".join(c.id for c in out) or op.node
+            readers = ", ".join(self._name(r) for c in out for r in c.readers) or "?"
+            return "waiting", f"writing {op.node} for {for_s}: channel {ids} waits for room (read by {readers})"
         if op.kind is OpKind.SEND:
             return "waiting", f"sending {op.node} to {self._name(op.peer)} for {for_s}"
         if op.kind is OpKind.RECV:

@@ -325,3 +325,21 @@ def test_a_timeout_says_where_each_actor_is_and_status_shows_it(pair, tmp_path, 
     finally:
         compiled.teardown()
     assert {w.state for w in compiled.status()} <= {"ended", "no answer"}
+
+
+def test_wait_counts_a_ref_whose_get_would_pass_the_buffer_as_ready(pair):
+    """Ready means get answers at once: with max_buffered_results=1, reading execution 2
+    would buffer two earlier results, so its get raises CapacityError at once; wait says
+    ready instead of spinning to its timeout."""
+    a, _ = pair
+    with cgraph.InputNode() as inp:
+        dag = a.inc.bind(inp)
+    compiled = cgraph.compile(dag, max_inflight_executions=3, max_buffered_results=1)
+    try:
+        refs = [compiled.execute(i) for i in range(3)]
+        assert cgraph.wait([refs[2]], timeout=30) == ([refs[2]], [])
+        with pytest.raises(cgraph.CapacityError, match="max_buffered_results"):
+            refs[2].get(timeout=0)
+        assert [ref.get(timeout=30) for ref in refs] == [1, 2, 3]
+    finally:
+        compiled.teardown()
