@@ -168,9 +168,19 @@ def actor_group(dev: Device) -> Iterator[tuple[list[Any], Any]]:
         ray.get([a.__ray_ready__.remote() for a in actors], timeout=STEP_TIMEOUT_S)
         yield actors[:-1], actors[-1]
     finally:
-        for actor in actors:
-            with contextlib.suppress(Exception):  # already dead
-                ray.kill(actor, no_restart=True)
+        release(actors)
+
+
+def release(actors: list[Any]) -> None:
+    """Kill ``actors`` and wait until Ray has taken them down, so their resources are free."""
+    import ray
+
+    for actor in actors:
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(actor, no_restart=True)
+    for actor in actors:  # a call to a killed actor fails once it is down
+        with contextlib.suppress(Exception):
+            ray.get(actor.__ray_ready__.remote(), timeout=TEARDOWN_TIMEOUT_S)
 
 
 # ================================================================== the program, per system
@@ -307,7 +317,9 @@ class Contender:
             try:
                 if k == 0:
                     samples = self.mode_once(mode, senders, receiver)
-                else:  # a failed attempt may leave its actors unusable: fresh ones
+                else:  # a failed attempt may leave its actors unusable: fresh ones, once the old
+                    # ones are gone (on one shared GPU they hold every fraction the new ones need)
+                    release(senders + [receiver])
                     with actor_group(self.dev) as (fresh_senders, fresh_receiver):
                         samples = self.mode_once(mode, fresh_senders, fresh_receiver)
             except Exception as exc:  # noqa: BLE001 - try the next transport
@@ -588,9 +600,10 @@ def main(argv: list[str] | None = None) -> int:
         if "gpu" in args.sections:
             run_section(results, "gpu", lambda: measure_device(Device.make("gpu", s.gpu), s) if gpus
                         else {"status": "skipped: no CUDA device (torch.cuda.device_count() == 0)"})
-    results["targets"] = evaluate_targets(results)
-    markdown = render_markdown(results)
-    json_path, md_path = write_results(args.out, "overlap", results, markdown)
+        # written before Ray shuts down: on a GPU machine the shutdown can take longer than the run's limit
+        results["targets"] = evaluate_targets(results)
+        markdown = render_markdown(results)
+        json_path, md_path = write_results(args.out, "overlap", results, markdown)
     print(markdown, flush=True)
     log(f"wrote {json_path} and {md_path}")
     return 0

@@ -242,7 +242,21 @@ def gpu_status(data: dict[str, Any]) -> str:
             f"torch {last['torch']}, CUDA {last['cuda']}, NCCL {last['nccl']}:** {verdict} that could "
             f"run ({checks['PASS']} passed, {checks['FAIL']} failed, {checks['NOT RUN']} not run"
             f"{not_run}); under the CUDA sanitizer {sanitizer['PASS']} passed, {sanitizer['FAIL']} "
-            f"failed; the overlap example: {last['overlap_example']}. Runs recorded: {len(runs)}.")
+            f"failed; the overlap example: {last['overlap_example']}.{overlap_bench(last)} "
+            f"Runs recorded: {len(runs)}.")
+
+
+def overlap_bench(run: dict[str, Any]) -> str:
+    """The overlap benchmark's GPU medians, where the run recorded them."""
+    bench = run.get("overlap_bench")
+    if not bench:
+        return ""
+    cg, ray = bench["cgraph_ms"], bench["ray_cg_ms"]
+    return (f" The overlap benchmark (four actors on one GPU, 191 MiB float16 tensors): cgraph "
+            f"{cg['no_overlap']} ms without overlap, {cg['overlap']} ms with it (compute alone "
+            f"{cg['compute_alone']} ms, comm alone {cg['comm_alone']} ms: overlap cut "
+            f"{bench['derived']['cgraph_time_cut_by_overlap']}); Ray CG {ray['no_overlap']} ms over "
+            f"{bench['ray_cg_transport']}.")
 
 
 def updated(readme: str, body: str, begin: str = BEGIN, end_marker: str = END) -> str:
