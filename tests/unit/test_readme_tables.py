@@ -47,11 +47,26 @@ def test_every_area_links_its_results_and_the_first_four_have_a_table() -> None:
 
 
 def test_numbers_outside_the_tables_are_not_benchmark_results() -> None:
-    """Measured times (µs, ms, GB/s) appear in the README only between the markers."""
+    """Measured times (µs, ms, GB/s) appear in the README only between the markers of its two
+    generated parts (the benchmark tables, the GPU status)."""
     readme = (ROOT / "README.md").read_text()
-    start, end = readme.index(readme_tables.BEGIN), readme.index(readme_tables.END)
-    outside = readme[:start] + readme[end:]
-    assert not re.findall(r"\d[\d.,]*\s*(?:µs|us|ms|GB/s)\b", outside)
+    for begin, end_marker in ((readme_tables.BEGIN, readme_tables.END),
+                              (readme_tables.GPU_BEGIN, readme_tables.GPU_END)):
+        start, end = readme.index(begin), readme.index(end_marker)
+        readme = readme[:start] + readme[end:]
+    assert not re.findall(r"\d[\d.,]*\s*(?:µs|us|ms|GB/s)\b", readme)
+
+
+def test_the_gpu_status_quotes_the_overlap_benchmark_of_its_last_run() -> None:
+    run = {"date": "d", "gpus": ["G"], "torch": "t", "cuda": "c", "nccl": "n", "not_run": [],
+           "checks": {"PASS": 1, "FAIL": 0, "NOT RUN": 0}, "sanitizer": {"PASS": 1, "FAIL": 0},
+           "overlap_example": "PASS"}
+    assert "overlap benchmark" not in readme_tables.gpu_status({"runs": [run]})
+    run["overlap_bench"] = {"cgraph_ms": {"no_overlap": 2.0, "overlap": 1.5, "compute_alone": 1.0, "comm_alone": 1.0},
+                            "ray_cg_ms": {"no_overlap": 9.0}, "ray_cg_transport": "shm",
+                            "derived": {"cgraph_time_cut_by_overlap": "25%"}}
+    text = readme_tables.gpu_status({"runs": [run]})
+    assert "cgraph 2.0 ms without overlap, 1.5 ms with it" in text and "Ray CG 9.0 ms over shm" in text
 
 
 def test_the_markers_are_required() -> None:
