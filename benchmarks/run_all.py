@@ -50,7 +50,7 @@ def short_name(script: Path) -> str:
 
 def takes_folder(script: Path) -> bool:
     """Scripts built on common.parse_args take a folder for --out; the others a file."""
-    return "from common import" in script.read_text()
+    return "common import" in script.read_text()  # ``from common`` or ``from benchmarks.common``
 
 
 def stream(command: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:

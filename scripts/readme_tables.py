@@ -213,10 +213,23 @@ def where(data: dict[str, Any]) -> str:
                    f"medians of the loop with and without it, alternated in one run.")
 
 
+def graphs(data: dict[str, Any]) -> str:
+    lat, idle = data["sections"]["latency"], data["sections"]["idle_cpu"]
+    return heading("Several graphs on one actor", "bench_graphs.py", "graphs.md",
+                   f"a graph's round trip with a second, idle graph on its actors is "
+                   f"{lat['ratio']:.2f}x its round trip alone (goal <= {lat['goal']:.2f}x; "
+                   f"{lat['idle_second_graph']['median_us']:.0f} vs {lat['alone']['median_us']:.0f} µs); "
+                   f"an actor with two idle graphs uses "
+                   f"{idle['two idle cgraph graphs']['percent_of_a_core']:.1f}% of a core, a plain Ray "
+                   f"actor {idle['plain Ray actor']['percent_of_a_core']:.1f}%, one idle Ray Compiled Graph "
+                   f"{idle['one idle Ray Compiled Graph']['percent_of_a_core']:.0f}%.")
+
+
 AREAS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("runtime.json", runtime), ("collective.json", collective), ("overlap.json", overlap),
     ("crossnode.json", crossnode), ("forward.json", forward), ("scheduler.json", scheduler),
     ("channels.json", channels), ("fault_soak.json", soak), ("where.json", where),
+    ("graphs.json", graphs),
 )
 
 

@@ -65,7 +65,7 @@ from cgraph.errors import (
     with_compat,
 )
 from cgraph.runtime import where
-from cgraph.runtime.monitor import LoopMonitor
+from cgraph.runtime.monitor import WATCHER, LoopEnds, LoopMonitor
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Recorder
 from cgraph.runtime.results import (
@@ -183,7 +183,7 @@ class CompiledGraph:
         options: CompileOptions,
         endpoints: DriverEndpoints,
         input_usage: InputUsage,
-        loops: dict[str, ray.ObjectRef[str]],
+        loops: LoopEnds | None,
         labels: dict[str, str],
         multi_output: bool,
         handles: dict[str, ActorHandle] | None = None,
@@ -384,13 +384,11 @@ class CompiledGraph:
             self._monitor.stop()
         for res in self._ep.resources:
             _quietly(res.close)
-        if self._loops and ray.is_initialized():
-            try:
-                ray.wait(list(self._loops.values()), num_returns=len(self._loops), timeout=timeout)
-            except Exception:  # noqa: BLE001 - actors may already be gone
-                pass
+        if self._loops is not None and ray.is_initialized():
+            self._loops.wait_all(timeout)
         if self._monitor is not None:
-            self._monitor.join()  # woken by the loops' end: out of Ray before Ray may go down
+            self._monitor.join()
+        WATCHER.join_if_idle()
         for res in self._ep.resources:
             _quietly(res.unlink)
         ends = [self._ep.input_writer, *self._ep.output_readers.values()]

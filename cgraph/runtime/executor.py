@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -59,6 +60,18 @@ from cgraph.runtime.recording import (
 from cgraph.runtime.where import ENDED, track
 from cgraph.scheduler.ops import Op, OpKind, Stream
 
+METHOD_LOCK = threading.Lock()
+"""The actor's method lock (one actor per Ray worker process): on a default actor, every
+graph's loop holds it while a method runs, never while it waits (hosting.py)."""
+
+
+def _locked(fn: Callable[..., UserValue], lock: threading.Lock) -> Callable[..., UserValue]:
+    def call(*args: UserValue, **kwargs: UserValue) -> UserValue:
+        with lock:
+            return fn(*args, **kwargs)
+
+    return call
+
 
 class Context:
     """What the handlers share: the actor instance, channels and this execution's values."""
@@ -94,9 +107,14 @@ class Context:
             self.close_hooks.append(watch_node(node, opened))
 
     def method(self, name: str) -> Callable[..., UserValue]:
+        """The actor's method ``name``; on a default actor, called under the actor's
+        method lock, so that no two graphs' loops run its methods at once (hosting.py)."""
         fn = self.methods.get(name)
         if fn is None:
-            fn = self.methods[name] = getattr(self.instance, name)
+            fn = getattr(self.instance, name)
+            if self.program.serialize_methods:
+                fn = _locked(fn, METHOD_LOCK)
+            self.methods[name] = fn
         return fn
 
     def run_coroutine(self, coro: Coroutine[object, None, UserValue]) -> UserValue:

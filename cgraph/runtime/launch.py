@@ -3,7 +3,8 @@
 1. allocate one channel resource per ``ChannelSpec`` (shared memory for SHM,
    nothing for INTRA: those live inside the actor);
 2. build each actor's ``ActorProgram`` (its ops, compute specs, endpoint handles);
-3. start each loop with ``actor.__ray_call__`` and a monitor that watches them;
+3. start each loop on a thread of its actor (``hosting.py``: an actor may run the loops
+   of several graphs) and a monitor that watches them (``monitor.py``);
 4. hand the driver its input writer and output readers.
 """
 
@@ -38,8 +39,7 @@ from cgraph.runtime.endpoints import (
     remote_segments,
     socket_channel,
 )
-from cgraph.runtime.executor import run_actor_loop
-from cgraph.runtime.monitor import LoopMonitor
+from cgraph.runtime.monitor import WATCHER, LoopMonitor
 from cgraph.runtime.node_channels import NodeWatch, RemoteSegments, make_remote
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
@@ -52,14 +52,6 @@ if TYPE_CHECKING:
     from cgraph.runtime.compiled_graph import DriverResource
     from cgraph.runtime.endpoints import Resource
     from cgraph.scheduler import Planned
-
-_ACTORS_IN_USE: dict[str, int] = {}  # Ray actor id -> compiled graph id
-
-
-def _actor_key(handle: ActorHandle) -> str:
-    actor_id = getattr(handle, "_ray_actor_id", None)
-    return actor_id.hex() if actor_id is not None else str(id(handle))
-
 
 def input_usage(graph: Graph) -> InputUsage:
     whole = False
@@ -179,19 +171,21 @@ def _driver_endpoints(planned: Planned, resources: Mapping[str, Resource]) -> Dr
     return DriverEndpoints(writer, readers, _output_spec(graph), list(resources.values()))
 
 
-def _start_loops(handles: Mapping[str, ActorHandle], programs: dict[str, ActorProgram], tag: str) -> dict[str, ray.ObjectRef[str]]:
-    """Start each actor's loop; returns the loops' object refs by actor.
+def _serializes_methods(handle: ActorHandle) -> bool:
+    """Whether the actor runs one method at a time, in order (Ray's default actor: no
+    ``max_concurrency`` above 1, no ``async def``): then its graphs' loops share its
+    method lock (``hosting.py``). Ray decides this from the same two options."""
+    return not getattr(handle, "_ray_allow_out_of_order_execution", False)
 
-    The loop runs in Ray's "_ray_system" concurrency group (one thread, made for
-    every actor), as Ray Compiled Graphs' does: the actor's ordinary calls still
-    run while the graph is live, on the thread they always use.
-    """
-    return {
-        actor: handles[actor]
-        .__ray_call__.options(name=f"cgraph_loop_{tag}_{actor}", concurrency_group="_ray_system")
-        .remote(run_actor_loop, program)
-        for actor, program in programs.items()
-    }
+
+def _free(resources: dict[str, DriverResource], close: bool = False) -> None:
+    """Free the channels of a compile that failed (``close``: wake the loops that started)."""
+    for res in resources.values():
+        if close:
+            res.close()
+        res.unlink()
+        if isinstance(res, RemoteSegments):
+            res.discard()
 
 
 def _clean_stale() -> None:
@@ -204,8 +198,6 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
     """Allocate channels, start the actor loops, and return the driver's graph object."""
     graph: Graph = planned.graph
     handles = front.handles
-    keys = {actor: _actor_key(handles[actor]) for actor in planned.schedule}
-    _check_free(keys)
     _clean_stale()
     tag = uuid.uuid4().hex[:8]
     secret = new_secret()  # reaches the actors inside their programs, through Ray's own calls
@@ -225,50 +217,34 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
             watch = _node_watch(a, program, tag, secret, resources, use_tls) if a not in local else None
             programs[a] = replace(program, comm=comm.program_of(a), node_watch=watch,
                                   cpu_affinity=cpus if a in local else None,
+                                  serialize_methods=_serializes_methods(handles[a]),
                                   timeline=options.timeline_executions if records(options) else None,
                                   ray_events=ray_profiling(), torch_profiles=torch_profiles())
         endpoints = _driver_endpoints(planned, cast("Mapping[str, Resource]", resources))
     except Exception:
-        for res in resources.values():
-            res.unlink()
-            if isinstance(res, RemoteSegments):
-                res.discard()
+        _free(resources)
         raise
-    loops = _start_loops(handles, programs, tag)
-
+    try:
+        ends = WATCHER.start(handles, programs, tag)
+    except Exception:  # an actor could not start its loop: those that did see their channels close
+        _free(resources, close=True)
+        raise
     unpin_driver = pin_thread(cpus)
-
-    def release() -> None:
-        unpin_driver()
-        for key in keys.values():
-            _ACTORS_IN_USE.pop(key, None)
-
     compiled = CompiledGraph(
         graph=graph,
         planned=planned,
         options=options,
         endpoints=endpoints,
         input_usage=input_usage(graph),
-        loops=loops,
+        loops=ends,
         labels=labels,
         multi_output=graph.multi_output,
         handles={a: handles[a] for a in planned.schedule},
-        on_teardown=release,
+        on_teardown=unpin_driver,
         tag=tag,
     )
-    for key in keys.values():
-        _ACTORS_IN_USE[key] = compiled.graph_id
-    compiled._start_monitor(LoopMonitor(loops, labels, compiled._fail))
+    compiled._start_monitor(LoopMonitor(ends, labels, compiled._fail))
     return compiled
-
-
-def _check_free(keys: dict[str, str]) -> None:
-    busy = [a for a, k in keys.items() if k in _ACTORS_IN_USE]
-    if busy:
-        raise CompileError(
-            f"actor(s) {', '.join(busy)} already run a live compiled graph; an actor runs one "
-            "compiled graph at a time: call teardown() on the other graph first"
-        )
 
 
 LOCATE_TIMEOUT_S = 60.0
@@ -293,7 +269,6 @@ def locate_actors(front: FrontEnd) -> Graph:
             "Worker.bind()); compile needs live actors: create them with Worker.remote() "
             "and bind their methods, or use cgraph.plan(dag) to inspect the schedule only"
         )
-    _check_free({a: _actor_key(h) for a, h in front.handles.items()})
     refs = {a: h.__ray_call__.remote(_locate) for a, h in front.handles.items()}
     try:
         found = ray.get(list(refs.values()), timeout=LOCATE_TIMEOUT_S)

@@ -57,6 +57,7 @@ class ActorProgram:
     comm: CommProgram | None = None  # its communicator groups and ops, if it has any
     node_watch: NodeWatch | None = None  # off the driver's node: what closes that node's channels
     cpu_affinity: set[int] | None = None  # CPUs to pin the loop thread to (runtime/affinity.py)
+    serialize_methods: bool = False  # a default actor: methods under its method lock (hosting.py)
     timeline: int | None = None  # record op events, keeping this many executions (recording.py)
     ray_events: bool = False  # also append Ray's task events to the actor (RAY_CGRAPH_ENABLE_PROFILING)
     torch_profiles: str | None = None  # run the loop under torch's profiler, traces here (Ray's switch)

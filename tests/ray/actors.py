@@ -128,3 +128,37 @@ class AsyncWorker:
 
     def count(self):
         return self.seen
+
+
+@ray.remote(num_cpus=0)
+class Overlap:
+    """Counts how many of its methods run at once (``max_concurrency=2`` makes it threaded)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.inside = 0
+        self.most = 0
+        self.changed = threading.Condition()
+
+    def hold(self, x, seconds=0.001):
+        with self.changed:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        time.sleep(seconds)
+        with self.changed:
+            self.inside -= 1
+        return x
+
+    def meet(self, x, timeout=20.0):
+        """Whether another call came in while this one was inside (waits up to ``timeout``)."""
+        with self.changed:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            self.changed.notify_all()
+            met = self.changed.wait_for(lambda: self.most >= 2, timeout=timeout)
+            self.inside -= 1
+        return met, x
+
+    def most_at_once(self):
+        return self.most

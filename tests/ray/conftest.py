@@ -73,11 +73,11 @@ class ActorPool:
         return got
 
     def settle(self, passed: bool) -> None:
-        from cgraph.runtime import launch
+        from cgraph.runtime.monitor import WATCHER
 
         lent, self.lent = self.lent, []
-        free = [(cls, actor) for cls, actor in lent
-                if passed and actor._actor_id.hex() not in launch._ACTORS_IN_USE]
+        busy = WATCHER.live_actors()
+        free = [(cls, actor) for cls, actor in lent if passed and actor._actor_id.hex() not in busy]
         pings = [actor.__ray_ready__.remote() for _, actor in free]
         ready, _ = ray.wait(pings, num_returns=len(pings), timeout=self.READY_S)
         kept = set()

@@ -114,20 +114,6 @@ def test_visualize_writes_picture(pair, tmp_path):
         compiled.teardown()
 
 
-def test_two_live_graphs_cannot_share_an_actor(pair):
-    a, b = pair
-    with cgraph.InputNode() as inp:
-        dag = a.inc.bind(inp)
-    first = cgraph.compile(dag)
-    try:
-        with pytest.raises(cgraph.CompileError, match="already run a live compiled graph"):
-            cgraph.compile(dag)
-    finally:
-        first.teardown()
-    second = cgraph.compile(dag)
-    second.teardown()
-
-
 def test_colocate_pins_loops_and_driver_then_restores(ray_session):
     import os
     import threading
