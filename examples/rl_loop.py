@@ -91,12 +91,12 @@ class Learner:
 
 def build(policies: list, envs: list, learner) -> tuple[cgraph.MultiOutputNode, cgraph.MultiOutputNode]:
     with cgraph.InputNode() as step:
-        rollout = cgraph.MultiOutputNode([env.score.bind(p.act.bind(step)) for p, env in zip(policies, envs)])
+        rollout = cgraph.MultiOutputNode([env.score.bind(p.act.bind(step)) for p, env in zip(policies, envs, strict=True)])
     with cgraph.InputNode() as inp:
         shares = [learner.update.bind(inp[0])] + [p.zeros.bind(inp[1]) for p in policies]
         weights = allreduce.bind(shares)  # one result per member: the learner's weights
         training = cgraph.MultiOutputNode([learner.keep.bind(weights[0])]
-                                          + [p.load.bind(w) for p, w in zip(policies, weights[1:])])
+                                          + [p.load.bind(w) for p, w in zip(policies, weights[1:], strict=True)])
     return rollout, training
 
 
