@@ -159,7 +159,8 @@ class Tracer(Protocol):
 
     def collective_notes(self, graph: Graph) -> Mapping[str, str]: ...
 
-    def explain(self, tracks: Iterable[Track], planned: Planned | None = None) -> Mapping[str, object]: ...
+    def explain(self, tracks: Iterable[Track], planned: Planned | None = None,
+                cores: int | None = None) -> Mapping[str, object]: ...
 
     def draw_timeline(self, tracks: Iterable[Track], path: str | os.PathLike[str], executions: int = 3) -> Path: ...
 
@@ -332,16 +333,19 @@ class CompiledGraph:
         (the driver and each actor's label) to its busy, idle, compute and comm time
         and overlap fraction, plus ``makespan`` (an execution's median span),
         ``critical_path`` (the ops that set the end of that execution, with their
-        seconds) and ``predicted`` (the simulator on the recorded op durations: this
+        seconds), ``predicted`` (the simulator on the recorded op durations: this
         schedule without and with the overlap pass, comm on its own engine and
-        sharing the actor's cores). ``print()`` it for a report.
+        sharing the actor's cores) and ``decision`` (what ``overlap="auto"`` chooses
+        from them, on the model that fits the actors: ``scheduler.decide``).
+        ``print()`` it for a report.
 
         Raises:
             RuntimeError: as ``timeline``.
         """
         tracks = self._tracks()
         assert self.tracer is not None  # _tracks() raised without one
-        return self.tracer.explain(tracks, self.planned)
+        # the actors on this node share its cores (those this process may run on)
+        return self.tracer.explain(tracks, self.planned, cores=len(os.sched_getaffinity(0)))
 
     def _tracks(self) -> list[Track]:
         if self._recorder is None or self.tracer is None:

@@ -166,6 +166,18 @@ class Outputs:
                 its result would pass ``max_buffered_results``).
             WouldBlock: ``blocking`` is False and a get() holds the lock, or it would wait.
         """
+        try:
+            self._make_room(submitted, blocking)
+        except _Full as full:  # outside the lock: the message asks the actors where they are
+            raise with_compat(CapacityError(
+                f"execute waited {self.options.submit_timeout} s (submit_timeout) for "
+                f"execution {full.index}, the oldest of {self.options.max_inflight_executions} in "
+                "flight, to finish (on_full='wait'); nothing was submitted, the graph is "
+                f"still usable. Where each actor is: {self._where_line()}")) from None
+        except _NotYet as late:
+            raise self._timeout_error(late.index, self.options.get_timeout) from None
+
+    def _make_room(self, submitted: int, blocking: bool) -> None:
         limit = self.options.max_inflight_executions
         waits = self.options.on_full == "wait"
         deadline = deadline_after(self.options.submit_timeout) if waits else None
@@ -190,10 +202,7 @@ class Outputs:
                         "`_max_inflight_executions`. (cgraph: their results are not yet taken "
                         "from the graph; call get() on earlier refs first, or compile with a "
                         "larger max_inflight_executions.)"))
-                try:
-                    self._read_next(deadline=deadline_after(self.options.get_timeout))
-                except _NotYet as late:
-                    raise self._timeout_error(late.index, self.options.get_timeout) from None
+                self._read_next(deadline=deadline_after(self.options.get_timeout))
             finally:
                 self.lock.release()
 
@@ -202,18 +211,14 @@ class Outputs:
         refs read it from there). Hold ``lock``.
 
         Raises:
-            CapacityError: it did not finish by ``deadline``, or the buffer is full.
+            CapacityError: the buffer is full.
+            _Full: it did not finish by ``deadline`` (``make_room`` says so, outside the lock).
         """
-        index = self._next_read
         self._check_buffer_room()
         try:
             self._read_next(deadline)
-        except _NotYet:
-            raise with_compat(CapacityError(
-                f"execute waited {self.options.submit_timeout} s (submit_timeout) for "
-                f"execution {index}, the oldest of {self.options.max_inflight_executions} in "
-                "flight, to finish (on_full='wait'); nothing was submitted, the graph is "
-                f"still usable. Where each actor is: {self._where_line()}")) from None
+        except _NotYet as late:
+            raise _Full(late.index) from None
 
     # ------------------------------------------------------------------ for refs
     def get(self, index: int, timeout: float | None, output: int | None = None) -> UserValue:
@@ -462,6 +467,10 @@ class _NotYet(Exception):  # noqa: N818 - control flow inside this module (not a
 
     def __init__(self, index: int) -> None:
         self.index = index
+
+
+class _Full(_NotYet):
+    """``on_full="wait"``: the oldest execution did not finish within ``submit_timeout``."""
 
 
 WHERE_AFTER_S = 0.5

@@ -16,7 +16,9 @@ and two machines:
     OWN_ENGINE    the engine is its own hardware (a GPU's copy engines and NCCL):
                   an actor's loop and engine run at the same time
     SHARED_CORES  the engine shares the actor's core: at most one op of an actor
-                  runs at a time (waiting for a partner costs nothing)
+                  runs at a time (waiting for a partner costs nothing); with
+                  ``cores=k``, also at most k ops of all actors at a time (the actors'
+                  processes share k cores: this VM runs 5 processes on 2)
 
 Beyond its resource and lane order, an op starts only after
 
@@ -102,7 +104,7 @@ def compute_reads(graph: Graph) -> dict[NodeId, frozenset[NodeId]]:
 def simulate(schedule: Schedule, durations: Mapping[str, float], *,
              machine: Machine = Machine.OWN_ENGINE,
              reads: Mapping[NodeId, Collection[NodeId]] | None = None,
-             default: float = 0.0) -> Prediction:
+             default: float = 0.0, cores: int | None = None) -> Prediction:
     """The predicted makespan and tracks of one execution of ``schedule`` (module docstring).
 
     Args:
@@ -110,11 +112,16 @@ def simulate(schedule: Schedule, durations: Mapping[str, float], *,
         durations: seconds per op, keyed by ``op_key``; a missing op takes ``default``.
         machine: where comm-stream ops run.
         reads: each COMPUTE node's argument nodes (``compute_reads(graph)``).
+        cores: on ``SHARED_CORES``, how many cores all the actors share (None: one each).
 
     Raises:
         DeadlockError: if the schedule cannot finish (no op can start).
+        ValueError: ``cores`` is below 1.
     """
-    run = _Run(schedule, durations, machine, reads, default)
+    if cores is not None and cores < 1:
+        raise ValueError(f"cores={cores}: the actors need at least one core")
+    run = _Run(schedule, durations, machine, reads, default,
+               cores if machine is Machine.SHARED_CORES else None)
     while run.left:
         group, start = run.next_group()
         run.commit(group, start)
@@ -127,8 +134,10 @@ class _Run:
     """The state of one simulation: each resource's next op and when it is free."""
 
     def __init__(self, schedule: Schedule, durations: Mapping[str, float], machine: Machine,
-                 reads: Mapping[NodeId, Collection[NodeId]] | None, default: float) -> None:
+                 reads: Mapping[NodeId, Collection[NodeId]] | None, default: float,
+                 cores: int | None = None) -> None:
         self.lanes = {actor: tuple(ops) for actor, ops in schedule.items()}
+        self.cores = [0.0] * cores if cores else []  # when each shared core is next free
         self.durations, self.default, self.machine = durations, default, machine
         self.queues: dict[tuple[ActorId, str], list[int]] = {}
         self.partners: dict[object, list[Place]] = {}
@@ -173,7 +182,8 @@ class _Run:
             if any(dep not in self.spans for dep in deps):
                 continue
             start = max([0.0, *(self.spans[dep].end for dep in deps),
-                         *(self.free.get(self._resource(place), 0.0) for place in group)])
+                         *(self.free.get(self._resource(place), 0.0) for place in group),
+                         *([min(self.cores)] if self.cores else [])])
             if best is None or start < best[1]:
                 best = (group, start)
         if best is None:
@@ -187,6 +197,8 @@ class _Run:
         sends = [op for op in ops if op.kind is OpKind.SEND and op_key(op) in self.durations]
         given = [self.durations[op_key(op)] for op in (sends or ops) if op_key(op) in self.durations]
         end = start + (min(given) if given else self.default)
+        if self.cores:  # one core does the group's work (a pair's copy, a method)
+            self.cores[self.cores.index(min(self.cores))] = end
         for place in group:
             actor, i = place
             op = self.lanes[actor][i]

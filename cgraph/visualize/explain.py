@@ -8,6 +8,9 @@
         predicted        the simulator (scheduler.simulate) on the recorded op durations:
                          the schedule without and with the overlap pass, comm on its own
                          engine and comm sharing the actor's cores
+        decision         what overlap="auto" chooses from them (scheduler.decide): on the
+                         model that fits the actors (GPUs: their own engines; CPUs: the
+                         ``cores`` their processes share)
 
 Op durations for the model: a COMPUTE or WRITE takes its median; an op that can
 block (READ, SEND, RECV, COLLECTIVE) its minimum, the sample that waited least
@@ -22,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from cgraph.errors import GraphSyntaxError
+from cgraph.scheduler.decide import Decision, decide, machine_for
 from cgraph.scheduler.ops import parse_op
 from cgraph.scheduler.overlap import overlap
 from cgraph.scheduler.pipeline import Planned
@@ -51,6 +55,7 @@ class TimelineSummary(Mapping[str, Summary]):
     makespan: float = 0.0
     critical_path: tuple[tuple[str, float], ...] = ()
     predicted: dict[tuple[str, Machine], float] = field(default_factory=dict)
+    decision: Decision | None = None
 
     def __getitem__(self, label: str) -> Summary:
         return self.processes[label]
@@ -78,11 +83,14 @@ class TimelineSummary(Mapping[str, Summary]):
             for machine in Machine:
                 times = "   ".join(f"{mode} {self.predicted[(mode, machine)] * 1e3:.2f} ms" for mode in MODES)
                 lines.append(f"  {machine.value}: {times}   ({self.speedup(machine):.2f}x)")
+        if self.decision is not None:
+            lines.append(f"overlap_gpu_communication='auto' would run {self.decision}")
         return "\n".join(lines)
 
 
-def explain(tracks: Iterable[Track], planned: Planned | None = None) -> TimelineSummary:
-    """The summary of recorded ``tracks`` of the graph ``planned`` (module docstring)."""
+def explain(tracks: Iterable[Track], planned: Planned | None = None, cores: int | None = None) -> TimelineSummary:
+    """The summary of recorded ``tracks`` of the graph ``planned`` (module docstring);
+    ``cores``: how many cores the CPU actors' processes share (None: one each)."""
     rows = list(tracks)
     processes = summarize(rows)
     spans = executions(rows)
@@ -102,8 +110,12 @@ def explain(tracks: Iterable[Track], planned: Planned | None = None) -> Timeline
     schedules = {MODES[0]: lowered, MODES[1]: planned.schedule if planned.before_overlap else overlap(lowered)}
     predicted = {(mode, machine): simulate(schedule, table, machine=machine, reads=reads).makespan
                  for mode, schedule in schedules.items() for machine in Machine}
+    machine, shared = machine_for(any(actor.gpus > 0 for actor in planned.graph.actors), cores)
+    decision = decide(schedules, table, current=MODES[1] if planned.before_overlap else MODES[0],
+                      machine=machine, cores=shared, reads=reads)
     return TimelineSummary(processes, len(spans), median,
-                           tuple((op, spans[index][op][1] - spans[index][op][0]) for op in path), predicted)
+                           tuple((op, spans[index][op][1] - spans[index][op][0]) for op in path), predicted,
+                           decision)
 
 
 def executions(tracks: Iterable[Track]) -> dict[int, dict[str, tuple[float, float]]]:

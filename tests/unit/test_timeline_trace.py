@@ -177,6 +177,10 @@ def test_explain_measures_the_makespan_and_critical_path_and_predicts_both_modes
     assert summary["r (W)"].compute == pytest.approx(120e-3)  # a mapping of per-process summaries
     text = str(summary)
     assert "critical path: s1.R0 0.00 > s1.C1 10.00" in text and "(1.13x)" in text
+    # GPU actors: comm on its own engine, where the overlapped schedule it runs is best
+    assert summary.decision is not None and summary.decision.machine is Machine.OWN_ENGINE
+    assert summary.decision.choice == "with overlap" and not summary.decision.switches
+    assert "overlap_gpu_communication='auto' would run with overlap: predicted 75 ms" in text
 
 
 def test_explain_without_overlap_predicts_what_the_overlap_pass_would_give() -> None:
@@ -184,7 +188,23 @@ def test_explain_without_overlap_predicts_what_the_overlap_pass_would_give() -> 
     summary = explain(tracks, planned)
     assert summary.makespan == pytest.approx(85e-3)
     assert summary.predicted[("with overlap", Machine.OWN_ENGINE)] == pytest.approx(75e-3)
+    assert summary.decision is not None and summary.decision.switches  # 75 ms is 12% under 85
+    assert summary.decision.choice == "with overlap"
     assert explain([]).executions == 0 and str(explain(TRACKS)).startswith("measured")
+
+
+def test_explain_on_cpu_actors_decides_on_the_cores_they_share() -> None:
+    from dataclasses import replace
+
+    planned, tracks = _seed_tracks(overlap=True)
+    cpu = replace(planned, graph=replace(planned.graph, actors=tuple(replace(a, gpus=0) for a in planned.graph.actors)))
+    summary = explain(tracks, cpu, cores=1)
+    decision = summary.decision
+    assert decision is not None and decision.machine is Machine.SHARED_CORES and decision.cores == 1
+    # on one core for four actors every op runs in turn: overlap saves nothing, so "auto" keeps
+    # the schedule it runs (the overlapped one) and says why
+    assert decision.predicted["with overlap"] == decision.predicted["without overlap"]
+    assert decision.choice == "with overlap" and "kept" in str(decision)
 
 
 def test_durations_take_a_blocking_ops_least_waited_sample() -> None:
