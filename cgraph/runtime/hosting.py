@@ -55,7 +55,12 @@ def start_loop(instance: object, program: ActorProgram, watcher: str) -> None:
             ending = (FAILED, last)
         _ended(watcher, tag, ending)
 
-    _threads.start(run, f"cgraph-loop-{tag}")
+    try:
+        _threads.start(run, f"cgraph-loop-{tag}")
+    except BaseException:  # no thread (the process is out of them): no loop to wait for
+        with _LOCK:
+            _RUNNING.get(watcher, set()).discard(tag)
+        raise
 
 
 def _ended(watcher: str, tag: str, ending: Ending) -> None:
