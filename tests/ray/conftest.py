@@ -126,3 +126,14 @@ def child_scripts(request):  # type: ignore[no-untyped-def]
     scripts.start_early({item.path.name for item in request.session.items})
     yield scripts
     scripts.stop()
+
+
+@pytest.fixture(scope="module")
+def calcs(ray_session):  # type: ignore[no-untyped-def]
+    """Four ``Calc`` actors (``random_dags.py``) that a module's random DAGs share."""
+    from tests.ray.random_dags import Calc
+
+    actors = [Calc.remote(k) for k in (2, 3, 5, 7)]
+    yield actors
+    for a in actors:
+        ray.kill(a)

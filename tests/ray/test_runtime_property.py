@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-import ray
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cgraph
-from tests.ray.random_dags import Calc, build, dag_specs, plain_ray, positional_count
-
-
-@pytest.fixture(scope="module")
-def calcs(ray_session):
-    actors = [Calc.remote(k) for k in (2, 3, 5, 7)]
-    yield actors
-    for a in actors:
-        ray.kill(a)
+from tests.ray.random_dags import build, dag_specs, plain_ray, positional_count
 
 
 @settings(

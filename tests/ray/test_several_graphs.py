@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import cgraph
 from cgraph.runtime.monitor import WATCHER
 from tests.ray.actors import Overlap, Worker
-from tests.ray.random_dags import Calc, build, dag_specs, plain_ray, positional_count
+from tests.ray.random_dags import build, dag_specs, plain_ray, positional_count
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -191,14 +191,6 @@ def _wait_gone(pid: int, limit_s: float = 60.0) -> None:
 
 
 # ------------------------------------------------------------------ random graphs, random order
-@pytest.fixture(scope="module")
-def calcs(ray_session):
-    actors = [Calc.remote(k) for k in (2, 3, 5, 7)]
-    yield actors
-    for a in actors:
-        ray.kill(a)
-
-
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(specs=st.lists(dag_specs(), min_size=2, max_size=3),
