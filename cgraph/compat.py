@@ -48,7 +48,7 @@ def compile_with_ray_options(
     enable_asyncio: bool = False,
     _max_inflight_executions: int | None = None,
     _max_buffered_results: int | None = None,
-    _overlap_gpu_communication: bool | None = None,
+    _overlap_gpu_communication: bool | str | None = None,
     _default_communicator: str | UserValue | None = "create",
 ) -> CompiledGraph:
     """``cgraph.compile`` behind Ray 2.60's ``experimental_compile`` signature.

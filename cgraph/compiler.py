@@ -230,13 +230,13 @@ def plan(dag: RayObject, **options: UserValue) -> CompiledPlan:
 
 
 def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
-    dag: RayObject, *, overlap_gpu_communication: bool = False, max_inflight_executions: int = 10,
+    dag: RayObject, *, overlap_gpu_communication: bool | str = False, max_inflight_executions: int = 10,
     buffer_size_bytes: int = 1 << 20, submit_timeout: float | None = 10.0,
     get_timeout: float | None = None, enable_asyncio: bool = False,
     default_communicator: str | UserValue | None = None, cpu_affinity: str | Iterable[int] | None = None,
     max_buffered_results: int = 1000, on_full: str = "raise",
     max_value_bytes: int = 16 << 30, tls: bool | None = None, timeline: bool | None = None,
-    timeline_executions: int = 100, teardown_timeout: float = 30.0,
+    timeline_executions: int = 100, teardown_timeout: float = 30.0, auto_executions: int = 5,
 ) -> CompiledGraph:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
@@ -245,7 +245,10 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     Args:
         dag: the root of a Ray DAG over actor handles: a ``MultiOutputNode`` or
             one bound call.
-        overlap_gpu_communication: run communicator receives early, beside compute.
+        overlap_gpu_communication: run communicator receives early, beside compute;
+            ``"auto"``: the graph measures its first ``auto_executions`` executions and
+            runs the schedule predicted faster on them from then on
+            (``compiled.overlap_decision``).
         max_inflight_executions: executions submitted and not yet read from the
             output channels, at most (one more: see ``on_full``).
         buffer_size_bytes: initial size of each shared-memory slot (grows once if needed).
@@ -270,6 +273,8 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
             (``None``: on when ``CGRAPH_TIMELINE`` names a file).
         timeline_executions: how many of the latest executions each actor keeps.
         teardown_timeout: seconds ``teardown()`` waits for the actor loops to end.
+        auto_executions: with ``overlap_gpu_communication="auto"``, the executions
+            recorded (and read) before it decides.
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,
@@ -280,7 +285,8 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         TransportError: an edge asks for a transport its actors cannot use.
         DeadlockError: the bound order can never run.
         CompileError: the DAG's actors are not started (``Worker.bind()``), or
-            one of them already runs another live compiled graph.
+            ``overlap_gpu_communication="auto"`` meets a method that does not wait on
+            the input.
         ValueError: an option is out of range.
     """
     # the first statement: locals() holds exactly the keyword arguments above
@@ -302,7 +308,7 @@ def _launch(dag: RayObject, options: CompileOptions) -> CompiledGraph:
 def _plan(dag: RayObject, options: CompileOptions, locate: Callable[[FrontEnd], Graph] | None) -> CompiledPlan:
     front, planned = plan_dag(
         dag,
-        overlap=options.overlap_gpu_communication,
+        overlap=bool(options.overlap_gpu_communication),  # "auto" plans both schedules
         default_communicator=options.default_communicator,
         locate=locate,
     )

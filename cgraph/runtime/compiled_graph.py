@@ -65,6 +65,7 @@ from cgraph.errors import (
     with_compat,
 )
 from cgraph.runtime import where
+from cgraph.runtime.auto_overlap import AutoOverlap
 from cgraph.runtime.monitor import WATCHER, LoopEnds, LoopMonitor
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Recorder
@@ -78,6 +79,7 @@ from cgraph.runtime.results import (
     WouldBlock,
 )
 from cgraph.runtime.timeline import TIMELINE_ENV, Track, collect, records
+from cgraph.scheduler.decide import Decision
 
 if TYPE_CHECKING:
     from cgraph.channels.base import ChannelWriter
@@ -162,6 +164,8 @@ class Tracer(Protocol):
     def explain(self, tracks: Iterable[Track], planned: Planned | None = None,
                 cores: int | None = None) -> Mapping[str, object]: ...
 
+    def durations(self, tracks: Iterable[Track]) -> dict[str, float]: ...
+
     def draw_timeline(self, tracks: Iterable[Track], path: str | os.PathLike[str], executions: int = 3) -> Path: ...
 
 
@@ -190,6 +194,7 @@ class CompiledGraph:
         handles: dict[str, ActorHandle] | None = None,
         on_teardown: Callable[[], None] = lambda: None,
         tag: str = "",
+        auto: AutoOverlap | None = None,
     ) -> None:
         self.graph_id = next(_IDS)
         self.graph = graph
@@ -209,6 +214,7 @@ class CompiledGraph:
         self.drawer: Callable[..., str] | None = None  # compiler.draw_schedule(planned, filename, format=, ...): set by the compiler
         self.tracer: Tracer | None = None  # cgraph.visualize (trace_of, explain, draw_timeline): set by the compiler
         self._tag = tag
+        self._auto = auto
         self._recorder = Recorder(2 * options.timeline_executions) if records(options) else None
         self._state = GraphState()
         self._outputs = Outputs(options, endpoints, multi_output, self._recorder, self._state)
@@ -220,8 +226,16 @@ class CompiledGraph:
     # ------------------------------------------------------------------ public API
     @property
     def schedule(self) -> Schedule:
-        """Per actor id, the ops its loop runs for one execution."""
-        return self.planned.schedule
+        """Per actor id, the ops its loop runs for one execution (with
+        ``overlap_gpu_communication="auto"``: the schedule chosen, or running until then)."""
+        return self._auto.schedule() if self._auto is not None else self.planned.schedule
+
+    @property
+    def overlap_decision(self) -> Decision | None:
+        """With ``overlap_gpu_communication="auto"``: what it chose, both predictions and the
+        op durations behind them (``str()`` says it in a line); None until it decided (after
+        ``auto_executions`` results were read) and for the other settings."""
+        return self._auto.decision if self._auto is not None else None
 
     def execute(self, *args: UserValue, **kwargs: UserValue) -> CompiledRef | CompiledRefList:
         """Submit one execution; returns a ref to read its result from.
@@ -250,6 +264,8 @@ class CompiledGraph:
             self._input_usage.check(args, kwargs)
             self._outputs.make_room(self._submitted, blocking)
             index = self._submitted
+            if self._auto is not None and self._auto.due(self._outputs.taken):
+                self._decide_overlap(index)
             self._outputs.keep_inputs(index, args, kwargs)  # before the write: a fast reader may need them
             start = time.perf_counter_ns()
             try:
@@ -426,7 +442,7 @@ class CompiledGraph:
         """
         if self._describer is None:
             self._describer = where.Describer(
-                self.planned.schedule, self.planned.plan.channels,
+                self.schedule, self.planned.plan.channels,
                 {n.id: n.method for n in self.graph.nodes if n.method}, self._where_labels())
         answers = where.ask(self._handles, self._tag)
         return where.GraphStatus(self._describer.describe(actor, answers[actor]) for actor in self._handles)
@@ -448,6 +464,26 @@ class CompiledGraph:
             _quietly(lambda: self.teardown(timeout=2.0))
 
     # ------------------------------------------------------------------ internals
+    def _decide_overlap(self, index: int) -> None:
+        """overlap="auto": decide from the recorded executions, and have every actor run
+        the choice from execution ``index + 1`` on (``auto_overlap.py``). Holds the submit
+        lock: execution ``index``'s input is not written yet. A failure keeps the running
+        schedule (a dead actor fails the graph through its monitor anyway)."""
+        assert self._auto is not None
+        try:
+            if self.tracer is None:
+                raise RuntimeError("no visualize module: the graph was not made by cgraph.compile")
+            tracks = collect(self._handles, self._labels, self._tag, [])
+            decision = self._auto.choose(self.tracer.durations(tracks))
+            self._auto.apply(decision, self._handles, self._tag, index + 1)
+        except Exception as exc:  # noqa: BLE001 - the graph runs on, on the schedule it has
+            self._auto.executions = index + self._auto.executions  # try again later
+            logger.warning("overlap='auto' could not decide (%s: %s); the graph keeps %s",
+                           type(exc).__name__, exc, self._auto.current)
+            return
+        self._describer = None  # status() describes the new schedule's ops
+        logger.info("overlap='auto' from execution %d: %s", index + 1, decision)
+
     def _start_monitor(self, monitor: LoopMonitor) -> None:
         self._monitor = monitor
 

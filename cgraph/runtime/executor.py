@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from types import CoroutineType
 from typing import cast
@@ -30,7 +30,7 @@ from cgraph.channels.intra_channel import IntraWriter
 from cgraph.channels.opener import open_reader, open_writer
 from cgraph.channels.shm_channel import ShmWriter
 from cgraph.errors import ChannelClosedError, ChannelLostError, RuntimeGraphError, add_note
-from cgraph.runtime import coverage_hook
+from cgraph.runtime import coverage_hook, switches
 from cgraph.runtime.affinity import pin_thread
 from cgraph.runtime.comm_ops import (
     CommState,
@@ -411,6 +411,44 @@ def _recorded_execution(ctx: Context, steps: list[Step], where: list[int]) -> Ca
     return run_one
 
 
+def _switch(ctx: Context, switch: list[object]) -> bool:
+    """Take the schedule the driver asked for (``switches.py``), now, between two
+    executions; returns whether to record op events from now on."""
+    schedules = ctx.program.schedules
+    assert schedules is not None  # only auto graphs have a switch cell
+    ops = schedules[cast(str, switch[1])]
+    ctx.program = replace(ctx.program, ops=ops)
+    ctx.fenced = after_overlapped_sends(ops)
+    switch[3] = ctx.execution  # ``at`` stays: the loop never meets that execution again
+    return bool(switch[2])
+
+
+def _run_bare(ctx: Context, steps: list[Step], where: list[int], switch: list[object] | None) -> None:
+    """Run executions until the channels close (an exception) or, with a switch cell, until
+    the execution the driver named is next."""
+    now = time.perf_counter_ns
+    positioned = tuple(enumerate(steps))
+    while True:
+        for position, step in positioned:
+            where[1] = position
+            where[2] = now()
+            step()
+        ctx.end_execution()
+        where[0] = ctx.execution
+        if switch is not None and switch[0] == ctx.execution:
+            return
+
+
+def _run_recorded(ctx: Context, run_one: Callable[[], None], where: list[int], switch: list[object] | None) -> None:
+    """``_run_bare`` for a recording loop."""
+    while True:
+        run_one()
+        ctx.end_execution()
+        where[0] = ctx.execution
+        if switch is not None and switch[0] == ctx.execution:
+            return
+
+
 def _method_of(op: Op, program: ActorProgram) -> str:
     """The method (or collective) an op belongs to, as Ray's events name it."""
     if op.kind is OpKind.COMPUTE:
@@ -475,29 +513,26 @@ def _in_flight(program: ActorProgram) -> set[str]:
 
 
 def run_actor_loop(instance: object, program: ActorProgram) -> str:
-    """Run ``program`` until its channels close. Returns why it stopped."""
+    """Run ``program`` until its channels close. Returns why it stopped.
+
+    With ``overlap="auto"`` the loop may change schedules once, between two executions,
+    when the driver asks (``switch.py``): it rebuilds its steps from the other op list."""
     measured = coverage_hook.trace_this_thread()
     unpin = pin_thread(program.cpu_affinity)
     ctx = Context(instance, program)
-    steps = [HANDLERS[op.kind](op, ctx) for op in program.ops]
     where = track(program.graph_tag)  # [execution, op position, since]: read by status() (where.py)
+    switch = switches.cell(program.graph_tag, program.actor) if program.schedules else None
+    record = program.timeline is not None
     try:
         with torch_profiling(program.torch_profiles):  # Ray's switch; a no-op otherwise
-            if program.timeline is not None:  # a loop of its own: unrecorded loops run the bare steps
-                run_one = _recorded_execution(ctx, steps, where)
-                while True:
-                    run_one()
-                    ctx.end_execution()
-                    where[0] = ctx.execution
-            now = time.perf_counter_ns
-            positioned = tuple(enumerate(steps))
             while True:
-                for position, step in positioned:
-                    where[1] = position
-                    where[2] = now()
-                    step()
-                ctx.end_execution()
-                where[0] = ctx.execution
+                steps = [HANDLERS[op.kind](op, ctx) for op in ctx.program.ops]
+                if record:  # a loop of its own: unrecorded loops run the bare steps
+                    _run_recorded(ctx, _recorded_execution(ctx, steps, where), where, switch)
+                else:
+                    _run_bare(ctx, steps, where, switch)
+                assert switch is not None  # the loops return only to switch
+                record = _switch(ctx, switch)
     except ChannelLostError as exc:  # a peer went away: say which, the monitor reports it
         return str(exc)
     except ChannelClosedError:

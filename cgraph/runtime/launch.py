@@ -30,6 +30,7 @@ from cgraph.comm.gpu_placement import placement
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
 from cgraph.runtime.affinity import choose_cpus, pin_thread
+from cgraph.runtime.auto_overlap import AutoOverlap
 from cgraph.runtime.communicators import setup_communicators
 from cgraph.runtime.compiled_graph import CompiledGraph, DriverEndpoints, InputUsage
 from cgraph.runtime.endpoints import (
@@ -209,6 +210,9 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
         comm = setup_communicators(front, planned, tag, options,  # groups + side channels
                                    sockets={"secret": secret, "tls": use_tls})
         resources[f"{tag}.communicators"] = comm
+        auto = (AutoOverlap.start(graph, planned.before_overlap or planned.schedule, planned.schedule,
+                                  options.auto_executions, records(options))
+                if options.overlap_gpu_communication == "auto" else None)
         cpus = choose_cpus(options.cpu_affinity)
         local = {a.id for a in graph.actors if not a.host}
         programs = {}
@@ -218,8 +222,12 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
             programs[a] = replace(program, comm=comm.program_of(a), node_watch=watch,
                                   cpu_affinity=cpus if a in local else None,
                                   serialize_methods=_serializes_methods(handles[a]),
-                                  timeline=options.timeline_executions if records(options) else None,
+                                  timeline=(options.timeline_executions if records(options)
+                                            else options.auto_executions if auto else None),
                                   ray_events=ray_profiling(), torch_profiles=torch_profiles())
+            if auto is not None:  # starts on one schedule, may switch to the other (switches.py)
+                programs[a] = replace(programs[a], ops=auto.schedule()[a],
+                                      schedules={name: s[a] for name, s in auto.schedules.items()})
         endpoints = _driver_endpoints(planned, cast("Mapping[str, Resource]", resources))
     except Exception:
         _free(resources)
@@ -242,6 +250,7 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
         handles={a: handles[a] for a in planned.schedule},
         on_teardown=unpin_driver,
         tag=tag,
+        auto=auto,
     )
     compiled._start_monitor(LoopMonitor(ends, labels, compiled._fail))
     return compiled

@@ -16,7 +16,13 @@ class CompileOptions:
     """The options of ``cgraph.compile`` (Ray Compiled Graphs' names, without Ray's underscores).
 
     Attributes:
-        overlap_gpu_communication: reorder communicator receives to overlap compute.
+        overlap_gpu_communication: reorder communicator receives to overlap compute;
+            ``"auto"``: the graph records its first ``auto_executions`` executions,
+            predicts both schedules on the recorded op durations (``scheduler.decide``)
+            and every actor runs the one chosen from the same execution on
+            (``compiled.overlap_decision`` says what and why).
+        auto_executions: with ``overlap_gpu_communication="auto"``, how many executions
+            are recorded (and read) before it decides.
         max_inflight_executions: executions submitted whose results the driver
             has not yet taken from the graph's output channels, at most (one
             more raises ``CapacityError``).
@@ -56,7 +62,8 @@ class CompileOptions:
             default): on when ``CGRAPH_TLS=1`` or ``RAY_USE_TLS=1``.
     """
 
-    overlap_gpu_communication: bool = False
+    overlap_gpu_communication: bool | str = False  # True | False | "auto"
+    auto_executions: int = 5
     max_inflight_executions: int = 10
     max_buffered_results: int = 1000
     on_full: str = "raise"  # "raise" (Ray's) | "wait": execute at capacity waits for the oldest execution
@@ -77,6 +84,11 @@ class CompileOptions:
             value = getattr(self, name)
             if value is not None and value < 0:
                 object.__setattr__(self, name, None)
+        if self.overlap_gpu_communication not in (True, False, "auto"):
+            raise ValueError("overlap_gpu_communication must be True, False or 'auto', "
+                             f"got {self.overlap_gpu_communication!r}")
+        if self.auto_executions < 1:
+            raise ValueError(f"auto_executions must be >= 1, got {self.auto_executions}")
         if self.on_full not in ON_FULL:
             raise ValueError(f"on_full must be one of {ON_FULL}, got {self.on_full!r}")
         if self.max_buffered_results < 1:

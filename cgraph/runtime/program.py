@@ -61,6 +61,7 @@ class ActorProgram:
     timeline: int | None = None  # record op events, keeping this many executions (recording.py)
     ray_events: bool = False  # also append Ray's task events to the actor (RAY_CGRAPH_ENABLE_PROFILING)
     torch_profiles: str | None = None  # run the loop under torch's profiler, traces here (Ray's switch)
+    schedules: dict[str, tuple[Op, ...]] | None = None  # overlap="auto": each candidate's ops (switch.py)
 
 
 def _arg_spec(arg: Ref | Const, graph: Graph) -> ArgSpec:

@@ -153,6 +153,11 @@ class Outputs:
         if self._multi_output:
             self._unread[index] = len(self._ep.output_spec)
 
+    @property
+    def taken(self) -> int:
+        """How many executions' results were taken from the output channels (read or kept)."""
+        return self._next_read
+
     def make_room(self, submitted: int, blocking: bool) -> None:
         """Room for execution ``submitted`` in the channels; reads away executions whose
         refs were all dropped, if that is what fills them.

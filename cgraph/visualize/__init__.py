@@ -11,13 +11,14 @@ picture). Only the compiler imports this package; it hands it to the runtime.
 from __future__ import annotations
 
 from cgraph.visualize.dag_dot import NODE_STYLE, dag_to_dot, edge_label
-from cgraph.visualize.explain import TimelineSummary, explain
+from cgraph.visualize.explain import TimelineSummary, durations, explain
 from cgraph.visualize.gantt import draw_timeline
 from cgraph.visualize.render import render, write_dag_picture, write_schedule_picture
 from cgraph.visualize.schedule_dot import DOT_STYLE, moved_ops, moved_positions, schedule_to_dot
 from cgraph.visualize.trace import Summary, collective_notes, summarize, trace_of
 
 __all__ = [
+    "durations",
     "DOT_STYLE",
     "NODE_STYLE",
     "Summary",

@@ -17,6 +17,7 @@ import os
 import pickle
 import threading
 import uuid
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,10 +87,10 @@ class Harness:
     """A compiled graph whose actors are threads of this process."""
 
     def __init__(self, text: str, *, overlap: bool = False, communicators: dict[str, Any] | None = None,
-                 default: str | None = "cpu", constants: tuple[Any, ...] = ()) -> None:
+                 default: str | None = "cpu", constants: tuple[Any, ...] = (), auto: bool = False) -> None:
         graph = parse_graph(text, constants)
-        self.planned = plan_schedule(graph, overlap=overlap, default_communicator=default)
-        tag = uuid.uuid4().hex[:8]
+        self.planned = plan_schedule(graph, overlap=overlap or auto, default_communicator=default)
+        tag = self.tag = uuid.uuid4().hex[:8]
         options = CompileOptions(max_inflight_executions=4, default_communicator=default)
         plan = self.planned.plan
         self.res = {s.id: create_channel(s, tag=tag, options=options) for s in plan.channels}
@@ -112,6 +113,9 @@ class Harness:
                                         if s.kind.name != "COMM") for op in ops if op.kind is OpKind.WRITE},
                 input_node="n0", comm=self.comm.program_of(actor),
             )
+            if auto:  # overlap="auto": starts lowered, may switch (runtime/switches.py)
+                lowered = self.planned.before_overlap[actor]
+                program = replace(program, ops=lowered, schedules={"without overlap": lowered, "with overlap": ops})
             program = pickle.loads(pickle.dumps(program))  # each actor gets its own copy, as from Ray
             thread = threading.Thread(target=self._loop, args=(actor, program), daemon=True)
             thread.start()
@@ -200,6 +204,23 @@ def test_seed_shape_same_results_with_and_without_overlap(overlap: bool) -> None
             assert "r.RECV1<s1@comm r.RECV2<s2@comm r.RECV3<s3@comm r.C4" in format_schedule(h.planned.schedule)
         got = [normalise(row) for row in h.run(*inputs)]
     for x, row in zip(inputs, got, strict=True):
+        third = [2.0 * x] * 2 if x >= 0 else f"ValueError: negative {x}"
+        assert row == [3.0 * x, float(sum(range(abs(x) + 1))), third]
+
+
+def test_auto_switches_every_loop_at_one_execution_and_values_never_mix() -> None:
+    from cgraph.runtime import switches
+
+    inputs = [1, 4, -1, 2, 0, -3, 5, 3]
+    with Harness(SEED, auto=True) as h:
+        first = [normalise(row) for row in h.run(*inputs[:3])]
+        # the driver asks while it holds back execution 3's input: every loop switches after it
+        for actor in h.planned.schedule:
+            switches.request(None, h.tag, actor, 4, "with overlap", False)
+        rest = [normalise(row) for row in h.run(*inputs[3:])]
+        at = {actor: switches.switched_at(None, h.tag, actor) for actor in h.planned.schedule}
+    assert at == dict.fromkeys(h.planned.schedule, 4)
+    for x, row in zip(inputs, first + rest, strict=True):
         third = [2.0 * x] * 2 if x >= 0 else f"ValueError: negative {x}"
         assert row == [3.0 * x, float(sum(range(abs(x) + 1))), third]
 

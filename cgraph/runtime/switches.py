@@ -1,0 +1,52 @@
+"""overlap="auto" in an actor: a loop's one change of schedule, between two executions.
+
+The driver decides (``scheduler/decide.py``) from the durations the loops recorded, then
+asks every actor of the graph, with one call each (``request``), to run the chosen
+schedule from execution ``at`` on. It asks while it holds back execution ``at - 1``'s
+input, which every op of every actor waits on (compile checks it), so no loop can have
+passed that boundary yet: every actor changes schedules at the same one, and values of
+one execution never meet ops of two schedules. The loop reads its cell once per
+execution, after ``end_execution``; the cell costs no lock on that path. A cell is per
+loop (graph and actor), so threads that stand for actors in one process (the unit tests'
+harness) each switch.
+
+    cell  [at (-1: none asked), schedule name, record, the execution it switched at]
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+NONE = -1
+_CELLS: OrderedDict[tuple[str, str], list[object]] = OrderedDict()  # (graph tag, actor) -> cell
+_LOCK = threading.Lock()
+_KEEP = 64  # the cells of this many latest loops
+
+
+def cell(tag: str, actor: str) -> list[object]:
+    """The cell of ``actor``'s loop of graph ``tag``, made on first use (by the loop, or by a
+    request that came first)."""
+    with _LOCK:
+        found = _CELLS.get((tag, actor))
+        if found is None:
+            found = _CELLS[(tag, actor)] = [NONE, None, False, None]
+            while len(_CELLS) > _KEEP:
+                _CELLS.popitem(last=False)
+        return found
+
+
+def request(instance: object, tag: str, actor: str, at: int, schedule: str, record: bool) -> None:
+    """From the driver (a Ray call): ``actor``'s loop runs ``schedule`` from execution ``at``
+    on; ``record``: it keeps recording op events after it."""
+    del instance  # Ray's __ray_call__ passes it
+    target = cell(tag, actor)
+    target[1], target[2] = schedule, record
+    target[0] = at  # last: the loop acts on ``at``
+
+
+def switched_at(instance: object, tag: str, actor: str) -> int | None:
+    """The execution from which ``actor``'s loop of graph ``tag`` ran the schedule asked for."""
+    del instance
+    found = _CELLS.get((tag, actor))
+    return None if found is None else found[3]  # type: ignore[return-value]
