@@ -3,10 +3,12 @@
     driver ─i─► sender k: send(shape, dtype, i) = ones(shape) * i ──tensor──► receiver:
                                                                    recv_and_matmul(t) (x3)
 
-Compiled twice, without and with ``overlap_gpu_communication``: with it, the
-receiver posts its three receives first, on its communication stream/thread,
-so the second and third tensors arrive while it multiplies the first. The
-script prints both durations and the speed-up, then one recorded pass of each
+Compiled three times, without and with ``overlap_gpu_communication`` and with
+``"auto"``: with overlap, the receiver posts its three receives first, on its
+communication stream/thread, so the second and third tensors arrive while it
+multiplies the first; "auto" measures its first executions and runs the schedule
+predicted faster on them (timed after it chose). The script prints the three
+durations, the speed-up, what "auto" chose and why, then one recorded pass of each
 mode: per actor its busy, compute and comm time and how much comm overlapped
 compute, an execution's critical path, and what the schedule simulator predicts
 for the same op durations without and with overlap, with comm on its own engine
@@ -82,9 +84,13 @@ def make_actors(gpus: int) -> tuple[list, object, str, dict]:
     return senders, worker.remote(), transport, compile_options
 
 
-def run(overlap: bool, actors: tuple, shape: tuple[int, int], dtype: torch.dtype, iters: int,
-        side: int | None = None) -> float:
-    """Compile the DAG over ``actors``, run ``iters`` timed executions, tear down; returns seconds."""
+MODES: tuple[bool | str, ...] = (False, True, "auto")
+
+
+def run(overlap: bool | str, actors: tuple, shape: tuple[int, int], dtype: torch.dtype, iters: int,
+        side: int | None = None) -> tuple[float, object]:
+    """Compile the DAG over ``actors``, run ``iters`` timed executions, tear down; returns
+    seconds, and with ``overlap="auto"`` what it chose (timed after it chose)."""
     senders, receiver, transport, compile_options = actors
     with InputNode() as inp:
         branches = [sender.send.bind(shape, dtype, inp) for sender in senders]
@@ -95,13 +101,15 @@ def run(overlap: bool, actors: tuple, shape: tuple[int, int], dtype: torch.dtype
         dag = MultiOutputNode([receiver.recv_and_matmul.bind(branch, side) for branch in branches])
     compiled = dag.experimental_compile(_overlap_gpu_communication=overlap, **compile_options)
     try:
-        for i in range(2):  # warm up: communicators connect, buffers grow
+        # warm up: communicators connect, buffers grow; "auto" records and decides
+        warm = compiled.options.auto_executions + 1 if overlap == "auto" else 2
+        for i in range(warm):
             ray.get(compiled.execute(i))
         start = time.monotonic()
         for i in range(iters):
             result = ray.get(compiled.execute(i))
             assert result == [(i, shape, dtype)] * NUM_SENDERS, result
-        return time.monotonic() - start
+        return time.monotonic() - start, compiled.overlap_decision
     finally:
         compiled.teardown()
 
@@ -156,16 +164,23 @@ def main() -> None:
     where = f"{gpus} GPU(s)" if gpus else "CPU (CPU communicator)"
     block = f", matmul of the leading {side}x{side} block" if side else ""
     print(f"{NUM_SENDERS} senders -> 1 receiver, {size}x{size} {str(dtype).replace('torch.', '')} on {where}{block}")
-    best = {False: float("inf"), True: float("inf")}
+    best: dict[bool | str, float] = dict.fromkeys(MODES, float("inf"))
+    chosen = []
     try:
         actors = make_actors(gpus)
         for _ in range(args.rounds):  # alternate the modes; keep each one's best round
-            for overlap in (False, True):
-                best[overlap] = min(best[overlap], run(overlap, actors, (size, size), dtype, iters, side))
+            for overlap in MODES:
+                seconds, decision = run(overlap, actors, (size, size), dtype, iters, side)
+                best[overlap] = min(best[overlap], seconds)
+                chosen += [decision] if decision is not None else []
             os.environ.pop("CGRAPH_VISUALIZE_SCHEDULE", None)  # one picture per mode is enough
-        for overlap in (False, True):
-            print(f"overlap_gpu_communication={overlap}, duration={best[overlap]:.3f}s")
+        for overlap in MODES:
+            print(f"overlap_gpu_communication={overlap!r}, duration={best[overlap]:.3f}s")
         print(f"speedup with overlap: {best[False] / best[True]:.2f}x")
+        better = min(best[False], best[True])
+        print(f"auto against the better of the two: {best['auto'] / better:.2f}x the time")
+        for k, decision in enumerate(chosen, 1):
+            print(f"auto, round {k}, ran {decision}")
         explain(actors, (size, size), dtype, side)
     finally:
         ray.shutdown()

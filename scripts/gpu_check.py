@@ -127,7 +127,7 @@ def main() -> int:
     print("the overlap example on the GPU:")
     example = subprocess.run([sys.executable, "examples/overlap.py"], cwd=ROOT, capture_output=True, text=True,
                              check=False)
-    print("\n".join(line for line in example.stdout.splitlines() if "duration" in line or "speedup" in line))
+    print("\n".join(line for line in example.stdout.splitlines() if "duration" in line or "speedup" in line or line.startswith("auto")))
     verdict = "PASS" if example.returncode == 0 else "FAIL"
     print(f"{verdict:8} examples/overlap.py")
     record(this_run(checks, sanitizer, verdict))

@@ -225,11 +225,21 @@ def graphs(data: dict[str, Any]) -> str:
                    f"{idle['one idle Ray Compiled Graph']['percent_of_a_core']:.0f}%.")
 
 
+def auto(data: dict[str, Any]) -> str:
+    sec = data["sections"]["cpu"]
+    med = sec["median_seconds"]
+    return heading("overlap='auto'", "bench_auto.py", "auto.md",
+                   f"on `make run`'s program, auto's median execution is {sec['auto_vs_better']:.2f}x the better "
+                   f"of off and on (goal <= {sec['goal']}; {1e3 * med['auto']:.1f} ms against "
+                   f"{1e3 * med['False']:.1f} off and {1e3 * med['True']:.1f} on, {sec['runs']} runs each, "
+                   f"alternating); it chose {', '.join(f'{k} ({v} runs)' for k, v in sec['choices'].items())}.")
+
+
 AREAS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("runtime.json", runtime), ("collective.json", collective), ("overlap.json", overlap),
     ("crossnode.json", crossnode), ("forward.json", forward), ("scheduler.json", scheduler),
     ("channels.json", channels), ("fault_soak.json", soak), ("where.json", where),
-    ("graphs.json", graphs),
+    ("graphs.json", graphs), ("auto.json", auto),
 )
 
 
