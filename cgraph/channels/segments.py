@@ -19,6 +19,8 @@ import mmap
 import os
 import re
 
+from cgraph.channels import reaper
+
 SHM_DIR = "/dev/shm"
 PREFIX = "cgraph_"
 
@@ -96,7 +98,12 @@ def _boot_time() -> float:
 
 
 def create_segment(name: str, size: int) -> mmap.mmap:
-    """Create ``/dev/shm/<name>`` of ``size`` bytes and map it (fails if it exists)."""
+    """Create ``/dev/shm/<name>`` of ``size`` bytes and map it (fails if it exists).
+
+    A segment named with this process's pid is removed by this process's reaper if the
+    process dies without removing it (``reaper.py``)."""
+    if name.startswith(f"{PREFIX}{os.getpid()}_"):
+        reaper.ensure()
     fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, size)

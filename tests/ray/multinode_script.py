@@ -178,10 +178,56 @@ def main() -> None:
     ray.init(address=cluster.address, log_to_driver=False)
     try:
         run_checks()
+        check_a_killed_driver(cluster.address)
     finally:
         ray.shutdown()
         cluster.shutdown()
         shutil.rmtree(certificates, ignore_errors=True)  # a private key: never left in /tmp
+
+
+KILLED_DRIVER = """
+import json, os, sys, ray, cgraph
+from ray.dag import InputNode
+from tests.ray.multinode_script import Node
+ray.init(address=sys.argv[1], log_to_driver=False)
+a = Node.options(resources={"head": 1}).remote("a")
+b, c = (Node.options(resources={"node2": 1}).remote(n) for n in "bc")
+with InputNode() as inp:  # driver -> b, b -> c on node2 (shm made there), c -> a, a -> driver (shm)
+    dag = a.inc.bind(c.inc.bind(b.inc.bind(inp)))
+compiled = cgraph.compile(dag)
+assert compiled.execute(1).get(timeout=60) == 4
+made = sorted(e for e in os.listdir("/dev/shm") if compiled._tag in e)
+print(json.dumps({"pid": os.getpid(), "tag": compiled._tag, "segments": made}), flush=True)
+sys.stdin.read()  # until it is killed
+"""
+
+
+def check_a_killed_driver(address: str) -> None:
+    """A driver killed (-9) without teardown, its graph's segments on both nodes: every one
+    is gone within seconds (each creator's reaper), not at the next compile there."""
+    import signal
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, address], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=root, env=env)
+    try:
+        assert proc.stdout is not None
+        made = json.loads(proc.stdout.readline() or "{}")
+        tag = made.get("tag", "?")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        start = time.monotonic()
+        left = sorted(e for e in os.listdir("/dev/shm") if tag in e)
+        while left and time.monotonic() - start < 30:
+            time.sleep(0.05)
+            left = sorted(e for e in os.listdir("/dev/shm") if tag in e)
+        creators = sorted({name.split("_")[1] for name in made.get("segments", [])})
+        report("killed_driver", made=made.get("segments", []), creators=creators,
+               driver=str(made.get("pid")), left=left, seconds=round(time.monotonic() - start, 2))
+    finally:
+        proc.kill()
 
 
 def run_checks() -> None:

@@ -147,3 +147,13 @@ def test_a_timeout_across_nodes_says_where_each_actor_is(checks):
     assert "(Node, node 1): running nap for " in said, said
     assert "(Node, node 0): waiting " in said and "'s value on channel" in said, said
     assert any("node 1" in line and "running nap" in line for line in checks["where"]["status"])
+
+
+def test_a_killed_driver_leaves_no_segment_on_either_node(checks):
+    """kill -9 of a driver whose graph has shared memory on both nodes: each process that
+    made segments (the driver on the head, its agent actor on node2) has a reaper that
+    removes them when it dies; before, they stayed until the next compile on that node."""
+    entry = checks["killed_driver"]
+    assert len(entry["creators"]) == 2 and entry["driver"] in entry["creators"], entry  # both nodes made some
+    assert entry["left"] == [], entry
+    assert entry["seconds"] < 30
