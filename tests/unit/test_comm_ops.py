@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cgraph.channels.opener import open_endpoint
 from cgraph.comm.communicator import Communicator
@@ -87,7 +89,7 @@ class Harness:
     """A compiled graph whose actors are threads of this process."""
 
     def __init__(self, text: str, *, overlap: bool = False, communicators: dict[str, Any] | None = None,
-                 default: str | None = "cpu", constants: tuple[Any, ...] = (), auto: bool = False) -> None:
+                 default: str | None = "cpu", constants: tuple[Any, ...] = (), auto: str | None = None) -> None:
         graph = parse_graph(text, constants)
         self.planned = plan_schedule(graph, overlap=overlap or auto, default_communicator=default)
         tag = self.tag = uuid.uuid4().hex[:8]
@@ -113,9 +115,9 @@ class Harness:
                                         if s.kind.name != "COMM") for op in ops if op.kind is OpKind.WRITE},
                 input_node="n0", comm=self.comm.program_of(actor),
             )
-            if auto:  # overlap="auto": starts lowered, may switch (runtime/switches.py)
-                lowered = self.planned.before_overlap[actor]
-                program = replace(program, ops=lowered, schedules={"without overlap": lowered, "with overlap": ops})
+            if auto:  # overlap="auto": starts on schedule ``auto``, may switch (runtime/switches.py)
+                both = {"without overlap": self.planned.before_overlap[actor], "with overlap": ops}
+                program = replace(program, ops=both[auto], schedules=both)
             program = pickle.loads(pickle.dumps(program))  # each actor gets its own copy, as from Ray
             thread = threading.Thread(target=self._loop, args=(actor, program), daemon=True)
             thread.start()
@@ -212,7 +214,7 @@ def test_auto_switches_every_loop_at_one_execution_and_values_never_mix() -> Non
     from cgraph.runtime import switches
 
     inputs = [1, 4, -1, 2, 0, -3, 5, 3]
-    with Harness(SEED, auto=True) as h:
+    with Harness(SEED, auto="without overlap") as h:
         first = [normalise(row) for row in h.run(*inputs[:3])]
         # the driver asks while it holds back execution 3's input: every loop switches after it
         for actor in h.planned.schedule:
@@ -220,6 +222,28 @@ def test_auto_switches_every_loop_at_one_execution_and_values_never_mix() -> Non
         rest = [normalise(row) for row in h.run(*inputs[3:])]
         at = {actor: switches.switched_at(None, h.tag, actor) for actor in h.planned.schedule}
     assert at == dict.fromkeys(h.planned.schedule, 4)
+    for x, row in zip(inputs, first + rest, strict=True):
+        third = [2.0 * x] * 2 if x >= 0 else f"ValueError: negative {x}"
+        assert row == [3.0 * x, float(sum(range(abs(x) + 1))), third]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(-3, 6), min_size=2, max_size=7), st.data())
+def test_a_switch_at_any_boundary_with_any_executions_in_flight_changes_no_value(inputs: list[int], data) -> None:
+    """Property: whichever execution the switch names (holding back the one before it, as the
+    driver does) and however many are in flight after it, every loop switches there, in
+    either direction, and every result is the one without a switch."""
+    from cgraph.runtime import switches
+
+    at = data.draw(st.integers(1, len(inputs) - 1), label="switch at")
+    start, to = data.draw(st.permutations(["with overlap", "without overlap"]), label="from, to")
+    with Harness(SEED, auto=start) as h:
+        first = [normalise(row) for row in h.run(*inputs[:at - 1])] if at > 1 else []
+        for actor in h.planned.schedule:  # execution at - 1's input is not written yet
+            switches.request(None, h.tag, actor, at, to, False)
+        rest = [normalise(row) for row in h.run(*inputs[at - 1:])]
+        switched = {actor: switches.switched_at(None, h.tag, actor) for actor in h.planned.schedule}
+    assert switched == dict.fromkeys(h.planned.schedule, at)
     for x, row in zip(inputs, first + rest, strict=True):
         third = [2.0 * x] * 2 if x >= 0 else f"ValueError: negative {x}"
         assert row == [3.0 * x, float(sum(range(abs(x) + 1))), third]
