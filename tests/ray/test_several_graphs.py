@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import cgraph
 from cgraph.runtime.monitor import WATCHER
-from tests.ray.actors import Overlap, Worker
+from tests.ray.actors import AsyncWorker, Overlap, Worker
 from tests.ray.random_dags import build, dag_specs, plain_ray, positional_count
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -154,6 +154,26 @@ def test_a_threaded_actor_runs_methods_of_two_graphs_at_once(ray_session):
         for g in graphs:
             g.teardown()
         ray.kill(threaded)
+
+
+def test_an_async_actor_serves_two_graphs(ray_session):
+    worker = AsyncWorker.remote()
+    graphs = []
+    try:
+        for by in (1, 10):
+            with cgraph.InputNode() as inp:
+                graphs.append(cgraph.compile(worker.add_later.bind(inp, by)))
+
+        def drive(g, by: int) -> None:
+            for i in range(20):
+                assert g.execute(i).get(timeout=60) == i + by
+
+        in_threads(lambda: drive(graphs[0], 1), lambda: drive(graphs[1], 10))
+        assert ray.get(worker.count.remote(), timeout=30) == 40  # each call ran once
+    finally:
+        for g in graphs:
+            g.teardown()
+        ray.kill(worker)
 
 
 def test_a_dead_shared_actor_fails_every_graph_on_it(ray_session):
