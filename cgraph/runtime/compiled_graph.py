@@ -265,6 +265,8 @@ class CompiledGraph:
             self._outputs.make_room(self._submitted, blocking)
             index = self._submitted
             if self._auto is not None and self._auto.due(self._outputs.taken):
+                if not blocking:  # Ray calls and a simulation: not on an event loop's thread
+                    raise WouldBlock
                 self._decide_overlap(index)
             self._outputs.keep_inputs(index, args, kwargs)  # before the write: a fast reader may need them
             start = time.perf_counter_ns()

@@ -94,6 +94,36 @@ def test_a_switch_to_the_other_schedule_with_executions_in_flight_keeps_every_va
         compiled.teardown()
 
 
+def test_auto_decides_under_execute_async_off_the_event_loop(seed, monkeypatch):
+    import asyncio
+    import threading
+
+    compiled = cgraph.compile(seed, overlap_gpu_communication="auto", default_communicator="cpu",
+                              auto_executions=2, enable_asyncio=True)
+    deciders: list[str] = []
+    choose = AutoOverlap.choose
+
+    def spy(self, durations):
+        deciders.append(threading.current_thread().name)
+        return choose(self, durations)
+
+    async def main() -> list[list[float]]:
+        loop_thread = threading.current_thread().name
+        got = []
+        for i in range(5):
+            futures = await compiled.execute_async(i)
+            got.append(await futures)
+        assert deciders and loop_thread not in deciders  # decided in a worker thread
+        return got
+
+    monkeypatch.setattr(AutoOverlap, "choose", spy)
+    try:
+        assert asyncio.run(main()) == [[float(i)] * 3 for i in range(5)]
+        assert compiled.overlap_decision is not None
+    finally:
+        compiled.teardown()
+
+
 def test_auto_refuses_a_method_that_does_not_wait_on_the_input(ray_session):
     receiver = Receiver.remote()
     try:
