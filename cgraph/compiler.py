@@ -246,9 +246,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         dag: the root of a Ray DAG over actor handles: a ``MultiOutputNode`` or
             one bound call.
         overlap_gpu_communication: run communicator receives early, beside compute;
-            ``"auto"``: the graph measures its first ``auto_executions`` executions and
-            runs the schedule predicted faster on them from then on
-            (``compiled.overlap_decision``).
+            ``"auto"``: measure, then run the faster (``compiled.overlap_decision``).
         max_inflight_executions: executions submitted and not yet read from the
             output channels, at most (one more: see ``on_full``).
         buffer_size_bytes: initial size of each shared-memory slot (grows once if needed).
@@ -273,8 +271,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
             (``None``: on when ``CGRAPH_TIMELINE`` names a file).
         timeline_executions: how many of the latest executions each actor keeps.
         teardown_timeout: seconds ``teardown()`` waits for the actor loops to end.
-        auto_executions: with ``overlap_gpu_communication="auto"``, the executions
-            recorded (and read) before it decides.
+        auto_executions: ``"auto"`` decides after this many executions.
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,

@@ -25,11 +25,10 @@ from cgraph._boundary import ActorHandle
 from cgraph.errors import CompileError
 from cgraph.ir import Graph, NodeKind
 from cgraph.runtime import switches
-from cgraph.scheduler.decide import Decision, decide, machine_for
+from cgraph.scheduler.decide import WITH, WITHOUT, Decision, decide, machine_for
 from cgraph.scheduler.ops import Schedule
 from cgraph.scheduler.simulate import compute_reads
 
-WITHOUT, WITH = "without overlap", "with overlap"
 ASK_TIMEOUT_S = 60.0
 
 

@@ -411,19 +411,19 @@ def _recorded_execution(ctx: Context, steps: list[Step], where: list[int]) -> Ca
     return run_one
 
 
-def _switch(ctx: Context, switch: list[object]) -> bool:
+def _switch(ctx: Context, switch: switches.Cell) -> bool:
     """Take the schedule the driver asked for (``switches.py``), now, between two
     executions; returns whether to record op events from now on."""
     schedules = ctx.program.schedules
     assert schedules is not None  # only auto graphs have a switch cell
-    ops = schedules[cast(str, switch[1])]
+    ops = schedules[switch.schedule]
     ctx.program = replace(ctx.program, ops=ops)
     ctx.fenced = after_overlapped_sends(ops)
-    switch[3] = ctx.execution  # ``at`` stays: the loop never meets that execution again
-    return bool(switch[2])
+    switch.switched_at = ctx.execution  # ``at`` stays: the loop never meets that execution again
+    return switch.record
 
 
-def _run_bare(ctx: Context, steps: list[Step], where: list[int], switch: list[object] | None) -> None:
+def _run_bare(ctx: Context, steps: list[Step], where: list[int], switch: switches.Cell | None) -> None:
     """Run executions until the channels close (an exception) or, with a switch cell, until
     the execution the driver named is next."""
     now = time.perf_counter_ns
@@ -435,17 +435,18 @@ def _run_bare(ctx: Context, steps: list[Step], where: list[int], switch: list[ob
             step()
         ctx.end_execution()
         where[0] = ctx.execution
-        if switch is not None and switch[0] == ctx.execution:
+        if switch is not None and switch.at == ctx.execution:
             return
 
 
-def _run_recorded(ctx: Context, run_one: Callable[[], None], where: list[int], switch: list[object] | None) -> None:
+def _run_recorded(ctx: Context, run_one: Callable[[], None], where: list[int],
+                  switch: switches.Cell | None) -> None:
     """``_run_bare`` for a recording loop."""
     while True:
         run_one()
         ctx.end_execution()
         where[0] = ctx.execution
-        if switch is not None and switch[0] == ctx.execution:
+        if switch is not None and switch.at == ctx.execution:
             return
 
 

@@ -10,7 +10,7 @@ execution, after ``end_execution``; the cell costs no lock on that path. A cell 
 loop (graph and actor), so threads that stand for actors in one process (the unit tests'
 harness) each switch.
 
-    cell  [at (-1: none asked), schedule name, record, the execution it switched at]
+    Cell(at=-1: none asked, schedule, record, switched_at)
 """
 
 from __future__ import annotations
@@ -19,18 +19,31 @@ import threading
 from collections import OrderedDict
 
 NONE = -1
-_CELLS: OrderedDict[tuple[str, str], list[object]] = OrderedDict()  # (graph tag, actor) -> cell
+class Cell:
+    """One loop's switch: from execution ``at`` on, run ``schedule``; ``record``: keep
+    recording op events; ``switched_at``: where the loop did (None: not yet)."""
+
+    __slots__ = ("at", "record", "schedule", "switched_at")
+
+    def __init__(self) -> None:
+        self.at = NONE
+        self.schedule = ""
+        self.record = False
+        self.switched_at: int | None = None
+
+
+_CELLS: OrderedDict[tuple[str, str], Cell] = OrderedDict()  # (graph tag, actor) -> cell
 _LOCK = threading.Lock()
 _KEEP = 64  # the cells of this many latest loops
 
 
-def cell(tag: str, actor: str) -> list[object]:
+def cell(tag: str, actor: str) -> Cell:
     """The cell of ``actor``'s loop of graph ``tag``, made on first use (by the loop, or by a
     request that came first)."""
     with _LOCK:
         found = _CELLS.get((tag, actor))
         if found is None:
-            found = _CELLS[(tag, actor)] = [NONE, None, False, None]
+            found = _CELLS[(tag, actor)] = Cell()
             while len(_CELLS) > _KEEP:
                 _CELLS.popitem(last=False)
         return found
@@ -41,12 +54,12 @@ def request(instance: object, tag: str, actor: str, at: int, schedule: str, reco
     on; ``record``: it keeps recording op events after it."""
     del instance  # Ray's __ray_call__ passes it
     target = cell(tag, actor)
-    target[1], target[2] = schedule, record
-    target[0] = at  # last: the loop acts on ``at``
+    target.schedule, target.record = schedule, record
+    target.at = at  # last: the loop acts on ``at``
 
 
 def switched_at(instance: object, tag: str, actor: str) -> int | None:
     """The execution from which ``actor``'s loop of graph ``tag`` ran the schedule asked for."""
     del instance
     found = _CELLS.get((tag, actor))
-    return None if found is None else found[3]  # type: ignore[return-value]
+    return None if found is None else found.switched_at

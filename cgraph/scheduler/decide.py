@@ -25,6 +25,9 @@ from cgraph.scheduler.ops import NodeId, Schedule
 from cgraph.scheduler.simulate import Machine, simulate
 
 THRESHOLD = 0.05
+WITHOUT, WITH = "without overlap", "with overlap"
+MODES = (WITHOUT, WITH)
+"""The two candidates' names: the lowered schedule and the overlapped one."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from cgraph.errors import GraphSyntaxError
-from cgraph.scheduler.decide import Decision, decide, machine_for
+from cgraph.scheduler.decide import MODES, Decision, decide, machine_for
 from cgraph.scheduler.ops import parse_op
 from cgraph.scheduler.overlap import overlap
 from cgraph.scheduler.pipeline import Planned
@@ -38,8 +38,6 @@ from cgraph.scheduler.simulate import (
     simulate,
 )
 from cgraph.visualize.trace import Summary, Track, summarize
-
-MODES = ("without overlap", "with overlap")
 
 
 @dataclass(frozen=True)
