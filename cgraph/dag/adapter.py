@@ -37,12 +37,10 @@ What Ray 2.60 records, read here and nowhere else:
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-import ray
 from ray.dag import ClassMethodNode, ClassNode, DAGNode, FunctionNode, InputAttributeNode
 from ray.dag import InputNode as RayInputNode
 from ray.dag import MultiOutputNode as RayMultiOutputNode
@@ -51,6 +49,7 @@ from ray.dag.collective_node import CollectiveOutputNode
 from cgraph._boundary import ActorHandle, RayObject, UserValue
 from cgraph._log import logger
 from cgraph.dag import adapter_collective, validate
+from cgraph.dag.actor_table import actor_entry
 from cgraph.dag.adapter_collective import COLLECTIVE_NODES
 from cgraph.dag.adapter_order import order_nodes
 from cgraph.dag.collective_node import CollectiveNode, CollectiveOutput
@@ -339,28 +338,9 @@ def _actor_facts(parent: ActorHandle) -> tuple[str, float, tuple[str, ...]]:
 
 
 def _handle_gpus(handle: ActorHandle, name: str, wait_s: float = 10.0) -> float:
-    """An actor's GPUs from the GCS actor table. An actor created a moment ago may not be
-    registered there yet (its creation is asynchronous; under load it takes a while):
-    wait up to ``wait_s`` for its entry rather than read it as GPU-less."""
-    how, gpus = "Ray is not connected", 0.0
-    if ray.is_initialized():
-        try:  # a private API: degrade to 0 rather than fail the compile
-            from ray._private.state import state
-            from ray.core.generated import gcs_pb2
-
-            accessor, deadline = state._connect_and_get_accessor(), time.monotonic() + wait_s
-            info = accessor.get_actor_info(handle._actor_id)
-            while info is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-                info = accessor.get_actor_info(handle._actor_id)
-            if info is None:
-                how = f"the actor was not in the GCS actor table within {wait_s:g} s"
-            else:
-                table = gcs_pb2.ActorTableData.FromString(info)  # type: ignore[attr-defined]
-                gpus = float(table.required_resources.get("GPU", 0.0))
-                how = "the GCS actor table"
-        except Exception as e:  # noqa: BLE001
-            how = f"the GCS actor table is unreadable: {e}"
+    """An actor's GPUs from the GCS actor table (``actor_table``); 0 where it cannot say."""
+    entry, how = actor_entry(handle, wait_s)
+    gpus = float(entry.required_resources.get("GPU", 0.0)) if entry is not None else 0.0
     logger.debug("actor %s: gpus=%g (%s)", name, gpus, how)
     return gpus
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 import ray
 
-from cgraph._boundary import ActorHandle
+from cgraph._boundary import ActorHandle, RayObject
 from cgraph._log import logger
 from cgraph.channels import tls
 from cgraph.channels.base import ChannelWriter
@@ -27,6 +28,7 @@ from cgraph.channels.relay import RelayHandle
 from cgraph.channels.segments import cleanup_stale_segments
 from cgraph.channels.shm_channel import ShmHandle
 from cgraph.comm.gpu_placement import placement
+from cgraph.dag.actor_table import STARTING, actor_state
 from cgraph.errors import CompileError
 from cgraph.ir import DRIVER, Graph, NodeKind
 from cgraph.runtime.affinity import choose_cpus, pin_thread
@@ -257,6 +259,9 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
 
 
 LOCATE_TIMEOUT_S = 60.0
+"""How long a started actor may take to answer compile's one call before compile gives up
+on it as busy. An actor still being created (``actor_table.STARTING``) is waited for."""
+POLL_S = 1.0
 
 
 def locate_actors(front: FrontEnd) -> Graph:
@@ -266,7 +271,8 @@ def locate_actors(front: FrontEnd) -> Graph:
 
     Raises:
         CompileError: an actor of the DAG is not started (a ``Worker.bind()``
-            ClassNode) or Ray is not initialised.
+            ClassNode), Ray is not initialised, or a started actor did not answer
+            within ``LOCATE_TIMEOUT_S``.
     """
     from dataclasses import replace
 
@@ -279,20 +285,38 @@ def locate_actors(front: FrontEnd) -> Graph:
             "and bind their methods, or use cgraph.plan(dag) to inspect the schedule only"
         )
     refs = {a: h.__ray_call__.remote(_locate) for a, h in front.handles.items()}
-    try:
-        found = ray.get(list(refs.values()), timeout=LOCATE_TIMEOUT_S)
-    except ray.exceptions.GetTimeoutError:
-        raise CompileError(
-            f"the actors of this DAG did not answer within {LOCATE_TIMEOUT_S:.0f} s; one of "
-            "them is busy (a long method call, or the loop of a compiled graph created by "
-            "another driver): wait for it or use other actors"
-        ) from None
-    places = dict(zip(refs, found, strict=True))
+    _wait_for_answers(refs, front.handles)
+    places = dict(zip(refs, ray.get(list(refs.values())), strict=True))
     here = ray.get_runtime_context().get_node_id()
     actors = tuple(replace(a, host="" if places[a.id][0] == here else places[a.id][0],
                            devices=places[a.id][1] if a.gpus > 0 else None)
                    for a in graph.actors)
     return replace(graph, actors=actors)
+
+
+def _wait_for_answers(refs: Mapping[str, RayObject], handles: Mapping[str, ActorHandle]) -> None:
+    """Until every actor answered its call. An actor Ray is still creating (a worker
+    starting on a loaded machine, a runtime environment being set up) is waited for; an
+    actor is busy, an error, once it did not answer for ``LOCATE_TIMEOUT_S`` after compile
+    first saw it started (the GCS table is asked each ``POLL_S`` about those not seen up)."""
+    pending, up_since = dict(refs), dict[str, float]()
+    while pending:
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=POLL_S)
+        pending = {a: r for a, r in pending.items() if r not in ready}
+        now = time.monotonic()
+        for a in sorted(pending.keys() - up_since.keys()):
+            state = actor_state(handles[a])
+            if state in STARTING:
+                logger.info("compile: waiting for Ray to start actor %s (%s)", a, state)
+            else:
+                up_since[a] = now
+        busy = sorted(a for a in pending if a in up_since and now - up_since[a] >= LOCATE_TIMEOUT_S)
+        if busy:
+            raise CompileError(
+                f"actor(s) {', '.join(busy)} of this DAG did not answer within "
+                f"{LOCATE_TIMEOUT_S:g} s; they are busy (a long method call, or the loop of a "
+                "compiled graph created by another driver): wait for them or use other actors"
+            )
 
 
 def _locate(actor: object) -> tuple[str, tuple[str, ...]]:

@@ -187,3 +187,44 @@ def test_compile_removes_segments_of_dead_drivers(pair, no_leaks):
         assert compiled.execute(1).get(timeout=60) == 2
     finally:
         compiled.teardown()
+
+
+@ray.remote(num_cpus=0)
+class SlowToStart:
+    def __init__(self, seconds: float) -> None:
+        import cgraph.runtime.launch  # noqa: F401  (what compile's first call imports, here and not then)
+
+        time.sleep(seconds)  # Ray reports it PENDING_CREATION until this returns
+
+    def inc(self, x):
+        return x + 1
+
+
+def test_compile_waits_for_an_actor_ray_is_still_starting(ray_session, no_leaks, monkeypatch):
+    from cgraph.runtime import launch
+
+    monkeypatch.setattr(launch, "LOCATE_TIMEOUT_S", 2.0)
+    slow = SlowToStart.remote(5.0)
+    try:
+        with InputNode() as inp:
+            dag = slow.inc.bind(inp)
+        compiled = cgraph.compile(dag)  # the old wait gave up after LOCATE_TIMEOUT_S, calling it busy
+        try:
+            assert compiled.execute(1).get(timeout=60) == 2
+        finally:
+            compiled.teardown()
+    finally:
+        ray.kill(slow)
+
+
+def test_compile_names_a_started_actor_that_is_busy(pair, no_leaks, monkeypatch):
+    from cgraph.runtime import launch
+
+    a, b = pair
+    monkeypatch.setattr(launch, "LOCATE_TIMEOUT_S", 0.5)
+    busy = b.sleep_then.remote(1, seconds=5.0)
+    with InputNode() as inp:
+        dag = b.inc.bind(a.inc.bind(inp))
+    with pytest.raises(cgraph.CompileError, match=r"actor\(s\) b of this DAG did not answer within 0.5 s"):
+        cgraph.compile(dag)
+    assert ray.get(busy, timeout=60) == 1

@@ -1,0 +1,52 @@
+"""What Ray's GCS knows of an actor: the resources it asked for and whether it has started.
+
+One home for the one private Ray API cgraph reads at compile (``ray._private.state``): the
+adapter asks an actor's GPUs, and compile asks whether an actor that has not answered is
+still being created (a worker starting, a runtime environment being set up) or started
+and busy. Every read degrades to "unknown" (``None``) rather than fail a compile.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+from cgraph._boundary import ActorHandle
+
+STARTING = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING"})
+"""The states of an actor that cannot answer a call yet, and will."""
+
+
+def actor_entry(handle: ActorHandle, wait_s: float = 0.0) -> tuple[Any, str]:
+    """The actor's GCS table entry (``gcs_pb2.ActorTableData``) or None, and how it was read.
+
+    An actor created a moment ago may not be registered yet (its creation is
+    asynchronous; under load it takes a while): wait up to ``wait_s`` for its entry."""
+    if not ray.is_initialized():
+        return None, "Ray is not connected"
+    try:  # a private API: degrade to unknown rather than fail the compile
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+
+        accessor, deadline = state._connect_and_get_accessor(), time.monotonic() + wait_s
+        info = accessor.get_actor_info(handle._actor_id)
+        while info is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            info = accessor.get_actor_info(handle._actor_id)
+        if info is None:
+            return None, f"the actor was not in the GCS actor table within {wait_s:g} s"
+        return gcs_pb2.ActorTableData.FromString(info), "the GCS actor table"  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001
+        return None, f"the GCS actor table is unreadable: {e}"
+
+
+def actor_state(handle: ActorHandle) -> str | None:
+    """``"ALIVE"``, one of ``STARTING``, ``"DEAD"``, or None where the table cannot say."""
+    entry, _ = actor_entry(handle)
+    if entry is None:
+        return None
+    from ray.core.generated import gcs_pb2
+
+    return str(gcs_pb2.ActorTableData.ActorState.Name(entry.state))  # type: ignore[attr-defined]
