@@ -9,17 +9,16 @@ and busy. Every read degrades to "unknown" (``None``) rather than fail a compile
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import ray
 
-from cgraph._boundary import ActorHandle
+from cgraph._boundary import ActorHandle, RayObject
 
 STARTING = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING"})
 """The states of an actor that cannot answer a call yet, and will."""
 
 
-def actor_entry(handle: ActorHandle, wait_s: float = 0.0) -> tuple[Any, str]:
+def actor_entry(handle: ActorHandle, wait_s: float = 0.0) -> tuple[RayObject, str]:
     """The actor's GCS table entry (``gcs_pb2.ActorTableData``) or None, and how it was read.
 
     An actor created a moment ago may not be registered yet (its creation is
