@@ -109,6 +109,20 @@ class ActorDiedError(RuntimeGraphError):
         self.actor = actor
 
 
+class NodeDiedError(ActorDiedError):
+    """A node of the graph was lost (its raylet gone or unreachable), and the graph's
+    actors on it with it; the graph is torn down.
+
+    Attributes:
+        actor: the label of the dead actor that was reported first.
+        node: the lost node's Ray node id.
+    """
+
+    def __init__(self, message: str, actor: str | None = None, node: str | None = None) -> None:
+        super().__init__(message, actor)
+        self.node = node
+
+
 class CommunicatorError(RuntimeGraphError):
     """A communicator group of the graph failed: one of its calls raised in an earlier
     execution, so the group carries nothing more in this graph and each later op of it

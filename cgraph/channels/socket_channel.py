@@ -125,6 +125,16 @@ class SocketChannel:
         """Close the channel: wakes both endpoints wherever they are, now or when they attach."""
         self._server.close_channel(self.handle.name)
 
+    @staticmethod
+    def link_closing(channels: list[SocketChannel]) -> None:
+        """Close these channels (of one server) together: a close of any closes all
+        (``ControlServer.link_closing``)."""
+        servers = {id(c._server) for c in channels}
+        if len(servers) > 1:
+            raise ValueError("channels linked to close together must share their control server")
+        if channels:
+            channels[0]._server.link_closing(tuple(c.handle.name for c in channels))
+
     def unlink(self) -> list[str]:
         """Forget the channel in the server and close its control connections; returns []."""
         self._server.forget_channel(self.handle.name)

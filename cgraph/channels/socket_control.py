@@ -15,7 +15,7 @@ keeps serving. Then the protocol is ASCII lines::
     (role r) LISTEN <host> <port>          ADDR <host> <port>  to the writer, once the
                                                                reader said where
     CLOSE    close the channel             CLOSED  to every endpoint of a closed
-                                                   channel (also at once, if it is)
+             (and those linked to it)              channel (also at once, if it is)
 
 Roles: ``w`` writer, ``r`` reader, ``o`` any other party: a one-shot closer
 (a detached endpoint's close) or a watcher waiting for ``CLOSED``. The end of a control connection drops it (an endpoint
@@ -68,6 +68,7 @@ class _Entry:
     conns: list[_Conn] = field(default_factory=list)
     reader: _Conn | None = None
     addr: str = ""  # "host port" of the reader's listener, once it said hello
+    linked: tuple[str, ...] = ()  # channels that close with this one (``link_closing``)
 
 
 class ControlServer:
@@ -159,6 +160,23 @@ class ControlServer:
         """Mark ``name`` closed and tell its endpoints (any thread; unknown names: no-op)."""
         with self._lock:
             self._close_locked(name)
+
+    def link_closing(self, names: tuple[str, ...]) -> None:
+        """Close these channels together from now on: a close of any one (an endpoint's
+        ``CLOSE``, ``close_channel``) closes every one, so that one member of a group
+        wakes every other, wherever it is. Only the owner links; a stranger proves no
+        secret and closes nothing.
+
+        Raises:
+            KeyError: a name that is not tracked.
+        """
+        with self._lock:
+            entries = [self._channels[name] for name in names]
+            for entry in entries:
+                entry.linked = names
+            if any(entry.closed for entry in entries):
+                for name in names:
+                    self._close_locked(name)
 
     def channel_closed(self, name: str) -> bool:
         """Whether ``name`` is closed (an unknown or forgotten name counts as closed)."""
@@ -333,10 +351,12 @@ class ControlServer:
 
     def _close_locked(self, name: str) -> None:
         entry = self._channels.get(name)
-        if entry is not None:
+        if entry is not None and not entry.closed:
             entry.closed = True
             for conn in entry.conns:
                 _say(conn, b"CLOSED\n")
+            for other in entry.linked:
+                self._close_locked(other)
 
     def _drop(self, conn: _Conn) -> None:
         if conn.dead:

@@ -81,7 +81,7 @@ class Endpoint:
     def close(self) -> None:
         """Close the channel for both ends, through the control server (idempotent)."""
         if self._detached:
-            _close_remotely(self._handle)
+            close_remotely(self._handle)
         else:
             try:
                 self._ctl.sendall(b"CLOSE\n")
@@ -250,8 +250,9 @@ def watch_closed(handle: SocketHandle, on_close: Callable[[], None]) -> Callable
     return stop
 
 
-def _close_remotely(handle: SocketHandle) -> None:
-    """Close a channel through its server over a one-shot connection (no endpoint)."""
+def close_remotely(handle: SocketHandle) -> None:
+    """Close a channel through its server over a one-shot connection (no endpoint), from
+    any process that holds its handle; no server: it is closed for everyone already."""
     try:
         with _dial(handle, "o") as sock:
             sock.sendall(b"CLOSE\n")

@@ -34,10 +34,12 @@ posts its record and error there, then closes the control, so every watcher
 reads why, and a member whose op of the same execution was cut short gives the
 original error too (a collective: whichever member's result the driver reads).
 A failed SEND also writes ``Failed(seq)`` before the control closes, for its
-receiver. On another node each member has its own control socket, which only
-the driver closes, and no board: ``spread`` aborts this member's communicator
-alone, and its peers learn of the fault from their own communicator (an error,
-or its timeout) or from the side channel's ``Failed`` items.
+receiver. A group with a member on another node has a control socket per member
+and no board: ``spread`` closes this member's socket, and the driver's control
+server closes every other member's with it (they were linked at compile), so every
+watcher aborts its communicator within a round trip; the peers learn the fault's
+record from the side channel's ``Failed`` items, else name it "aborted after a
+fault on another member".
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from cgraph.channels.base import ChannelReader
 from cgraph.channels.opener import open_endpoint
 from cgraph.channels.segments import create_segment, open_segment, segment_name, unlink_quietly
 from cgraph.channels.shm_channel import ShmHandle
+from cgraph.channels.socket_endpoint import close_remotely
 from cgraph.errors import ChannelClosedError, CommunicatorError, add_note
 from cgraph.runtime.error_value import ErrorValue
 
@@ -267,8 +270,9 @@ class GroupFaults:
 
     def spread(self, name: str) -> None:
         """Wake the group's other members after this member's fault: close the group's
-        control (shared memory: any member may), whose watchers abort their communicators;
-        a socket control only the driver closes, so abort this member's communicator."""
+        control, whose watchers abort their communicators. Shared memory: any member
+        closes it. Sockets (a member on another node): this member's control, which the
+        driver's control server closes with every other member's (``link_closing``)."""
         group, comm = self.groups[name]
         if isinstance(group.control, ShmHandle):
             try:
@@ -277,6 +281,9 @@ class GroupFaults:
                 return
             reader.close()
             reader.detach()
+        elif group.control is not None:
+            close_remotely(group.control)
+            quietly(comm.abort)
         else:
             quietly(comm.abort)
 

@@ -19,6 +19,9 @@ op (``comm_ops``, through ``comm.kinds.open_group``).
 Every group has a *control* channel that carries nothing: the driver closes it
 at teardown or after a death, a member after its communicator's fault
 (``comm_faults``), and each member's watcher thread then aborts its communicator.
+A group with a member on another node has one socket control per member, linked
+in the driver's control server so that a member's close closes them all: a fault
+on one node aborts the group on every node at once.
 
 ``CommResources`` joins the
 graph's channel resources: ``close()`` (teardown, or the monitor after a
@@ -35,17 +38,17 @@ from typing import TYPE_CHECKING, TypedDict
 
 from cgraph._boundary import ActorHandle, UserValue
 from cgraph.channels.shm_channel import ShmChannel
+from cgraph.channels.socket_channel import SocketChannel
 from cgraph.comm.custom import as_cgraph, drop, initialize_custom
 from cgraph.comm.kinds import KINDS, GroupEndpoint, Made
 from cgraph.ir import Graph, Node, NodeKind, Ref, TensorHint
 from cgraph.runtime.comm_faults import BoardHandle, FaultBoard
-from cgraph.runtime.endpoints import node_channel
+from cgraph.runtime.endpoints import node_channel, socket_channel
 from cgraph.runtime.options import CompileOptions
 from cgraph.scheduler.channels import ChannelKind, ChannelSpec, CommGroup
 
 if TYPE_CHECKING:
     from cgraph.channels.shm_channel import ShmHandle
-    from cgraph.channels.socket_channel import SocketChannel
     from cgraph.channels.socket_endpoint import SocketHandle
     from cgraph.comm.kinds import Payload
     from cgraph.dag import FrontEnd
@@ -202,12 +205,12 @@ def _make_group(res: CommResources, tag: str, group: CommGroup, obj: UserValue |
         res.channels += [shared, board]
         controls = [shared.reader_handle(rank) for rank in range(n)]
         boards = [board.handle(rank) for rank in range(n)]
-    else:  # members on other nodes: one channel each, closed by the driver
-        for rank, member in enumerate(group.members):
-            channel = node_channel(tag, f"{group.name}.abort{rank}", ("", hosts[member]),
-                                   max_inflight=1, buffer_size=64, **res.sockets)
-            res.channels.append(channel)
-            controls[rank] = channel.reader_handle(0)
+    else:  # members on other nodes: a socket each (also on this node), closed together
+        channels = [socket_channel(tag, f"{group.name}.abort{rank}", 1, **res.sockets)
+                    for rank in range(n)]
+        res.channels += channels
+        SocketChannel.link_closing(channels)
+        controls = [channel.reader_handle(0) for channel in channels]
     return {
         actor: GroupEndpoint(f"{tag}/{group.name}", group.kind, rank, n, payloads[rank], controls[rank],
                              tuple(hosts[m] for m in group.members), board=boards[rank])

@@ -58,6 +58,7 @@ from cgraph.errors import (
     ChannelTimeoutError,
     ExecuteArgumentError,
     GraphTornDownError,
+    NodeDiedError,
     RuntimeGraphError,
     TaskError,
     TimeoutError,
@@ -67,6 +68,7 @@ from cgraph.errors import (
 from cgraph.runtime import where
 from cgraph.runtime.auto_overlap import AutoOverlap
 from cgraph.runtime.monitor import WATCHER, LoopEnds, LoopMonitor
+from cgraph.runtime.node_loss import node_lost
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.recording import Recorder
 from cgraph.runtime.results import (
@@ -91,6 +93,8 @@ if TYPE_CHECKING:
 # instances of those too (and of cgraph's own, and of the user's exception type).
 register_compat(TaskError, ray.exceptions.RayTaskError)
 register_compat(ActorDiedError, ray.exceptions.ActorDiedError, ray.exceptions.RayChannelError)
+register_compat(NodeDiedError, ray.exceptions.NodeDiedError, ray.exceptions.ActorDiedError,
+                ray.exceptions.RayChannelError)
 register_compat(
     TimeoutError, ray.exceptions.RayChannelTimeoutError, ray.exceptions.GetTimeoutError
 )
@@ -451,10 +455,16 @@ class CompiledGraph:
 
     def _where_labels(self) -> dict[str, str]:
         """ "a (Worker, node 0)": node 0 is the driver's, the others numbered as met."""
+        nodes = self._node_numbers()
+        return {a.id: f"{a.id} ({a.cls}, node {nodes[a.host]})" for a in self.graph.actors}
+
+    def _node_numbers(self) -> dict[str, int]:
+        """Each actor host's number in errors ("" and the driver's node id: 0)."""
         here = ray.get_runtime_context().get_node_id()
         nodes = {here: 0}
-        return {a.id: f"{a.id} ({a.cls}, node {nodes.setdefault(a.host or here, len(nodes))})"
-                for a in self.graph.actors}
+        for a in self.graph.actors:
+            nodes.setdefault(a.host or here, len(nodes))
+        return {"": 0, **nodes}
 
     def get_id(self) -> str:
         """This graph's id, as text (Ray Compiled Graphs' ``get_id``)."""
@@ -503,13 +513,35 @@ class CompiledGraph:
 
     def _fail(self, error: RuntimeGraphError) -> None:
         """Called by the monitor: remember why (with where every actor was, while the
-        survivors' loops still wait), and wake every waiter."""
+        survivors' loops still wait), and wake every waiter. A failed graph runs no
+        more: once its loops ended, its segments, sockets and stores go, now and not at
+        teardown."""
+        error = self._node_behind(error)
         if error.args and isinstance(error.args[0], str):
             error.args = (f"{error.args[0]} Where each actor was: {self._outputs._where_line()}",
                           *error.args[1:])
         self._state.fail(error)
         for res in self._ep.resources:
             _quietly(res.close)
+        if self._loops is not None and ray.is_initialized():
+            self._loops.wait_all(self.options.teardown_timeout)
+        for res in self._ep.resources:
+            _quietly(res.unlink)
+
+    def _node_behind(self, error: RuntimeGraphError) -> RuntimeGraphError:
+        """An actor's death on another node whose raylet went too (``node_loss``) is the
+        node's loss: a ``NodeDiedError`` naming the node and the graph's actors on it."""
+        if not isinstance(error, ActorDiedError) or isinstance(error, NodeDiedError):
+            return error
+        dead = next((a for a in self.graph.actors if f"{a.id} ({a.cls})" == error.actor), None)
+        why = node_lost(dead.host) if dead is not None and dead.host else None
+        if dead is None or why is None:
+            return error
+        on_it = ", ".join(f"{a.id} ({a.cls})" for a in self.graph.actors if a.host == dead.host)
+        return NodeDiedError(
+            f"node {self._node_numbers()[dead.host]} (Ray node {dead.host}) was lost while the compiled graph "
+            f"was running: {why}; the graph's actors on it died with it: {on_it}. {error.args[0]}",
+            actor=error.actor, node=dead.host)
 
     def _write_input(self, args: tuple[UserValue, ...], kwargs: dict[str, UserValue], blocking: bool) -> None:
         assert self._ep.input_writer is not None  # _execute writes only where an actor reads the input

@@ -105,6 +105,16 @@ def test_a_rank_killed_on_the_other_node_raises_on_the_survivors(checks, backend
         assert float(outcome.split(" after ")[1].split("s:")[0]) < 5, outcome
 
 
+def test_a_communicator_fault_on_one_node_fails_the_group_on_the_other_at_once(checks):
+    """Before, the rank on node2 waited inside the allreduce for its communicator's own
+    timeout (600 s here): execution 3 timed out on get and the actors stayed busy."""
+    entry = checks["group_fault_across_nodes"]
+    assert entry["first"] == [8.0, 8.0], entry
+    assert entry["2"].startswith("TaskError(ValueError)") and "flaky allreduce" in entry["2"], entry
+    assert entry["3"].startswith("TaskError(CommunicatorError)") and "did not run" in entry["3"], entry
+    assert entry["free"] == [2, 2], "both actors answer calls after teardown"
+
+
 def test_two_ranks_on_two_nodes_talk_first_while_the_others_are_idle(checks):
     """A "cpu" group's pairs connect when a call first needs them: rank 1 sends to rank 3
     before ranks 0 and 2 make any call; the group then allreduces and is destroyed clean."""
@@ -157,3 +167,20 @@ def test_a_killed_driver_leaves_no_segment_on_either_node(checks):
     assert len(entry["creators"]) == 2 and entry["driver"] in entry["creators"], entry  # both nodes made some
     assert entry["left"] == [], entry
     assert entry["seconds"] < 30
+
+
+def test_a_node_lost_mid_execution_is_named_and_its_graph_frees_everything(checks):
+    """Before, the waiter got the actor's ActorDiedError in Ray's words ("temporarily
+    unavailable: RpcError"), no node named (Ray's GCS declares the node dead some 15 s
+    later), and the graph's segments stayed until teardown."""
+    entry = checks["node_death"]
+    assert entry["first"] == [3, 2], entry
+    assert entry["error"] and entry["error"].startswith("NodeDiedError: node 1 (Ray node "), entry
+    assert entry["node"] == entry["lost"] and entry["lost"] in entry["error"], entry
+    assert "was lost while the compiled graph was running" in entry["error"] and "died with it: b (Node)." in entry["error"]
+    assert entry["types"] == ["cgraph.NodeDiedError", "cgraph.ActorDiedError", "ray.NodeDiedError",
+                              "ray.ActorDiedError"], entry
+    assert entry["left"] == [], "the failed graph's segments went before its teardown"
+    assert entry["seconds"] < 20, entry  # the raylet's port answers at once; Ray's GCS takes ~15 s
+    assert entry["survivors"] == 3, entry
+

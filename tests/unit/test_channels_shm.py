@@ -88,9 +88,17 @@ def _block_then_report(handle):
 
 
 def _create_and_die(tag):
+    """A creator that dies with its reaper (a node's whole process tree lost): what is left
+    for ``cleanup_stale_segments``; with its reaper alive, the orphans would race it."""
+    from cgraph.channels import reaper
+
     ch = ShmChannel.create(tag, "orphan")
     w = open_endpoint(ch.writer_handle())
     w.write(np.ones(1 << 16))  # also leaves a data generation behind
+    own = reaper._STARTED.get(os.getpid())
+    if own is not None:
+        own.kill()
+        own.wait()
     os._exit(0)
 
 

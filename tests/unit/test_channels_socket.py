@@ -369,6 +369,41 @@ def test_closing_one_endpoint_wakes_the_other(server, tag, closer):
         mine.detach()
 
 
+@pytest.mark.timeout(30)
+def test_a_one_shot_close_of_one_linked_channel_wakes_the_readers_of_every_other(server, tag):
+    """A communicator group's controls across nodes: a member closes its own, and a member
+    blocked on another (another process: another node) wakes."""
+    from cgraph.channels.socket_endpoint import close_remotely
+
+    channels = [SocketChannel.create(server, tag, f"abort{rank}", max_inflight=1) for rank in range(3)]
+    alone = SocketChannel.create(server, tag, "unlinked", max_inflight=1)
+    SocketChannel.link_closing(channels)
+    proc, out = run(_block_then_report, channels[2].reader_handle(), "reader")
+    time.sleep(0.5)
+    close_remotely(channels[0].reader_handle())  # as spread() does, from a member's process
+    outcome, _ = finish(proc, out)
+    assert outcome == "closed"
+    assert all(ch.closed for ch in channels) and not alone.closed
+    for ch in (*channels, alone):
+        ch.unlink()
+
+
+def test_linking_a_closed_channel_closes_the_rest_and_only_one_server_links(server, tag):
+    first, second = (SocketChannel.create(server, tag, f"abort{rank}", max_inflight=1) for rank in range(2))
+    first.close()
+    SocketChannel.link_closing([first, second])
+    assert second.closed
+    other = ControlServer()
+    try:
+        theirs = SocketChannel.create(other, tag, "abort9", max_inflight=1)
+        with pytest.raises(ValueError, match="share their control server"):
+            SocketChannel.link_closing([first, theirs])
+    finally:
+        other.close()
+    with pytest.raises(KeyError):
+        server.link_closing(("never-registered",))
+
+
 def test_attaching_after_close_or_unlink_fails_on_first_use(server, tag):
     ch = SocketChannel.create(server, tag, "closed")
     ch.close()
