@@ -29,6 +29,7 @@ import numpy as np
 import ray
 
 KINDS = ("int", "dict", "tuple", "array", "array", "pass", "wrap", "big")
+TENSOR = "tensor"  # a torch tensor on a communicator edge (``with_tensor_transport("nccl")``)
 PASS_KINDS = ("pass", "wrap")  # return their first source as is (wrap: inside a tuple)
 MOD = 1_000_003
 FAILED = "FAILED"  # an execution whose outputs all raise the armed ValueError
@@ -40,6 +41,8 @@ class SoakFault(ValueError):
 
 def digest(value: Any) -> int:
     """One integer for any value ``mix`` makes or the driver passes in."""
+    if type(value).__module__ == "torch":
+        value = value.numpy()
     if isinstance(value, np.ndarray):
         return int(value.astype(np.int64).sum()) % MOD
     if isinstance(value, dict):
@@ -63,7 +66,12 @@ def mix(kind: str, salt: int, size: int, *sources: Any) -> Any:
     if kind == "tuple":
         return (s, float(s) / 4, "t" * (s % 9))
     dtype = np.float64 if s % 2 else np.int64  # float64 of small integers: exact
-    return (np.arange(size, dtype=np.int64) % 97 + s).astype(dtype)
+    array = (np.arange(size, dtype=np.int64) % 97 + s).astype(dtype)
+    if kind == TENSOR:
+        import torch
+
+        return torch.from_numpy(array)
+    return array
 
 
 @ray.remote(num_cpus=0)
@@ -125,8 +133,10 @@ class DagSpec:
         return f"{body} -> {'[' + outs + ']' if self.multi else outs}"
 
 
-def random_dag(rng: random.Random, gid: int, n_actors: int, big: bool = True) -> DagSpec:
-    """A random DAG over ``n_actors`` actors, each used by at least one node."""
+def random_dag(rng: random.Random, gid: int, n_actors: int, big: bool = True,
+               tensors: bool = False) -> DagSpec:
+    """A random DAG over ``n_actors`` actors, each used by at least one node; with
+    ``tensors``, some nodes make torch tensors that move over the graph's communicator."""
     arity = rng.choice((1, 1, 2))
     inputs = [("inp", None)] if arity == 1 else [("inp", 0), ("inp", 1)]
     count = rng.randint(n_actors, min(2 * n_actors + 1, 9))
@@ -149,6 +159,8 @@ def random_dag(rng: random.Random, gid: int, n_actors: int, big: bool = True) ->
         if rng.random() < 0.15:
             sources.append(rng.choice(inputs))
         kind = rng.choice(KINDS if big else KINDS[:-1])
+        if tensors and rng.random() < 0.3:
+            kind = TENSOR
         if kind in PASS_KINDS and i and rng.random() < 0.7:  # mostly what an earlier node made
             sources[0] = ("node", rng.randrange(i))
         size = rng.randint(100_000, 400_000) if kind == "big" else rng.randint(1, 64)
@@ -163,6 +175,12 @@ def random_dag(rng: random.Random, gid: int, n_actors: int, big: bool = True) ->
         outputs.append(rng.choice([("inp", k) for k in sorted(used, key=str)]))
     multi = len(outputs) > 1 or rng.random() < 0.3
     return DagSpec(gid, n_actors, tuple(nodes), tuple(outputs), multi, arity)
+
+
+def crossing_tensors(spec: DagSpec) -> list[int]:
+    """The tensor nodes that another actor reads: their values go through the communicator."""
+    return [n.index for n in spec.nodes if n.kind == TENSOR
+            and any(("node", n.index) in m.sources and m.actor != n.actor for m in spec.nodes)]
 
 
 def actors_used(spec: DagSpec) -> set[int]:
@@ -185,8 +203,8 @@ def build(spec: DagSpec, actors: list[Any]) -> Any:
 
         for n in spec.nodes:
             method = actors[n.actor].mix
-            made.append(method.bind(spec.gid, n.index, n.kind, n.salt, n.size,
-                                    *(source(s) for s in n.sources)))
+            node = method.bind(spec.gid, n.index, n.kind, n.salt, n.size, *(source(s) for s in n.sources))
+            made.append(node.with_tensor_transport("nccl") if n.kind == TENSOR else node)
         outs = [source(s) for s in spec.outputs]
         return MultiOutputNode(outs) if spec.multi else outs[0]
 
@@ -201,6 +219,16 @@ def make_input(spec: DagSpec, execution: int, trial: int) -> tuple[Any, ...]:
 
 def expected(spec: DagSpec, args: tuple[Any, ...], fails: set[int] = frozenset()) -> Any:
     """The outputs of one execution; ``FAILED`` when a node in ``fails`` raises in it."""
+    values, bad, source = node_values(spec, args, fails)
+    if any(bad[j] for kind, j in spec.outputs if kind == "node"):
+        return FAILED
+    outs = [source(s) for s in spec.outputs]
+    return outs if spec.multi else outs[0]
+
+
+def node_values(spec: DagSpec, args: tuple[Any, ...], fails: set[int] = frozenset()) -> tuple[Any, ...]:
+    """Every node's value in one execution (None where it or an upstream node raises),
+    which nodes raise, and how a source reads."""
     values: list[Any] = []
     bad: list[bool] = []
 
@@ -214,14 +242,13 @@ def expected(spec: DagSpec, args: tuple[Any, ...], fails: set[int] = frozenset()
         upstream = any(bad[j] for kind, j in n.sources if kind == "node")
         bad.append(upstream or n.index in fails)
         values.append(None if bad[-1] else mix(n.kind, n.salt, n.size, *map(source, n.sources)))
-    if any(bad[j] for kind, j in spec.outputs if kind == "node"):
-        return FAILED
-    outs = [source(s) for s in spec.outputs]
-    return outs if spec.multi else outs[0]
+    return values, bad, source
 
 
 def same(got: Any, want: Any) -> bool:
-    """Equal values, arrays compared by dtype, shape and content."""
+    """Equal values, arrays and tensors compared by dtype, shape and content."""
+    if type(want).__module__ == "torch":
+        return type(got) is type(want) and same(got.numpy(), want.numpy())
     if isinstance(want, np.ndarray):
         return (isinstance(got, np.ndarray) and got.dtype == want.dtype
                 and got.shape == want.shape and bool(np.array_equal(got, want)))

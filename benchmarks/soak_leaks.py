@@ -15,7 +15,8 @@ driver). Three things, each against the snapshot taken before the trial:
 - processes: a Ray actor process (title ``ray::<Class>...``, not ``ray::IDLE``) that was
   not there before (the trial killed its actors: a store actor cgraph started, or a loop
   that kept its actor alive, would show here), and a new process in the tree that is not
-  one of Ray's (cgraph starts none);
+  one of Ray's (cgraph starts only reapers: one per process that made segments, which
+  ends with that process; a reaper whose process is gone is a leak);
 - listening TCP sockets (/proc/net/tcp, tcp6) that are new and belong to the driver or
   to a process of the tree that is not Ray's. Ray's daemons and workers open and close
   ports as workers come and go; those are Ray's, not cgraph's.
@@ -70,6 +71,8 @@ def leaks(before: Snapshot, after: Snapshot, driver: int, owners: set[int] = fro
             continue
         if _is_actor(cmd):
             found.append(f"process {pid} {cmd[:80]!r} (an actor still alive)")
+        elif _reaper_of(cmd) is not None and _started(_reaper_of(cmd) or 0) is not None:
+            continue  # the reaper of a live process (the driver's, from its first segment on)
         elif not _is_ray(cmd):
             found.append(f"process {pid} {cmd[:80]!r} (not one of Ray's)")
     for inode, (addr, pid) in sorted(after.listening.items()):
@@ -97,6 +100,12 @@ def _started(pid: int) -> int | None:
     except OSError:
         return None
     return None if fields[0] == b"Z" else int(fields[19])
+
+
+def _reaper_of(cmd: str) -> int | None:
+    """The creator pid a cgraph reaper (``cgraph/channels/reaper.py PID START``) serves."""
+    match = re.search(r"cgraph/channels/reaper\.py (\d+) ", cmd)
+    return int(match.group(1)) if match else None
 
 
 def _is_actor(cmd: str) -> bool:

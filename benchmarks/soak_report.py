@@ -13,6 +13,8 @@ from common import markdown_table
 from soak_run import Outcome
 
 FAULTS = ("kill9", "sigstop", "user_exception", "slow_consumer", "teardown", "driver_exit")
+NODE_FAULTS = ("kill9", "sigstop", "node_removed", "comm_raises", "driver_exit", "stranger")  # --nodes
+ALL_FAULTS = tuple(dict.fromkeys(FAULTS + NODE_FAULTS))
 
 
 class TrialLog:
@@ -57,12 +59,13 @@ def summarize(logs: list[TrialLog]) -> dict[str, Any]:
     for log_ in logs:
         row = rows.setdefault(log_.fault, {key: 0 for key in (
             "trials", "right", "typed_errors", "dropped", "not_submitted", "timeouts_retried",
-            "hangs", "wrong", "leaks", "next_graph_ok", "dead_driver_segments")})
+            "hangs", "wrong", "leaks", "next_graph_ok", "dead_driver_segments", "unnamed_errors")})
         row["trials"] += 1
         row["right"] += sum(o.verdict == "ok" and o.what != "dropped" for o in log_.outcomes)
         row["dropped"] += sum(o.what == "dropped" for o in log_.outcomes)
         row["not_submitted"] += sum(o.verdict == "skipped" for o in log_.outcomes)
         row["typed_errors"] += sum(o.verdict == "error" for o in log_.outcomes)
+        row["unnamed_errors"] += sum(o.verdict == "error" and o.names != "node actor op" for o in log_.outcomes)
         row["timeouts_retried"] += sum(o.timeouts for o in log_.outcomes)
         row["hangs"] += len(log_.hangs)
         row["wrong"] += len(log_.wrong)
@@ -73,10 +76,10 @@ def summarize(logs: list[TrialLog]) -> dict[str, Any]:
         row["max_error_s"] = max([row.get("max_error_s", 0.0), *latencies])
     total = {key: sum(r[key] for r in rows.values()) for key in next(iter(rows.values()), {})}
     total["max_error_s"] = max((r["max_error_s"] for r in rows.values()), default=0.0)
-    return {"by_fault": {f: rows[f] for f in FAULTS if f in rows}, "total": total}
+    return {"by_fault": {f: rows[f] for f in ALL_FAULTS if f in rows}, "total": total}
 
 
-COLUMNS = ("trials", "right", "typed_errors", "max_error_s", "dropped", "not_submitted",
+COLUMNS = ("trials", "right", "typed_errors", "max_error_s", "unnamed_errors", "dropped", "not_submitted",
            "timeouts_retried", "hangs", "wrong", "leaks", "next_graph_ok")
 
 
@@ -87,32 +90,50 @@ def table(summary: dict[str, Any]) -> str:
 
 
 def report_markdown(logs: list[TrialLog], command: str, seconds: float, timeout: float, slack: float,
-           seed: int) -> str:
+           seed: int, nodes: int = 1) -> str:
     summary = summarize(logs)
     problems = [f"- trial {lg.index} ({lg.fault}): {kind}: {text}" for lg in logs
                 for kind, items in (("hang", lg.hangs), ("wrong", lg.wrong), ("leak", lg.leaks))
                 for text in items]
     dead = summary["by_fault"].get("driver_exit", {}).get("dead_driver_segments", 0)
     lines = [
-        "# Fault soak", "",
+        "# Fault soak" + (f" across {nodes} nodes" if nodes > 1 else ""), "",
         f"`{command}`: {len(logs)} trials in {seconds / 60:.1f} min, "
         f"get timeout {timeout:g} s (+{slack:g} s slack), seed {seed}.", "",
         table(summary), "",
         "- Per execution of the faulted graphs: right: the right value (or the armed "
         "exception, as cgraph.TaskError that is also a ValueError); typed_errors: "
         "ActorDiedError / ChannelClosedError after a kill, GraphTornDownError after a "
-        "teardown; max_error_s: the longest such an error took to come after its fault hit; "
+        "teardown, NodeDiedError after a node's removal, CommunicatorError or the send's own "
+        "error after a communicator raised; max_error_s: the longest such an error took to "
+        "come after its fault hit; unnamed_errors: typed errors whose message does not name "
+        "all of a node, an actor and an op; "
         "dropped: its ref deleted unread (the graph reads it away); not_submitted: after "
         "execute() raised; timeouts_retried: cgraph.TimeoutError raised (short first tries, "
         "SIGSTOP, slow consumers) and the get retried.",
         "- hangs: a call past its timeout + slack, or still timing out after the fault ended; "
         "wrong: a wrong value, an untyped error, an error the fault does not explain; "
         "leaks: cgraph segments in /dev/shm, actor or other processes, listening sockets "
-        "left after the trial (its actors killed); next_graph_ok: the survivors' next graph "
+        "left after the trial (its actors killed), on any node (loopback nodes share this "
+        "machine's /dev/shm and process table); next_graph_ok: the survivors' next graph "
         "ran three executions right.",
         f"- driver_exit: the dead drivers left {dead} segment(s) in /dev/shm, all removed by "
         "the next compile (os._exit skips every handler; cgraph removes segments of dead "
         "creators at compile), so none is counted as a leak unless it outlived that compile.",
+        *([NODES_NOTE] if nodes > 1 else []),
         "", "## Problems", "", *(problems or ["none"]),
     ]
     return "\n".join(lines)
+
+
+NODES_NOTE = (
+    "- Across nodes: `ray.cluster_utils.Cluster` nodes on this one machine (a head and worker "
+    "nodes, each a Ray node with its own raylet), actors placed on all of them, edges of "
+    "shared memory, sockets and a communicator (gloo; a user's FlakyGloo in comm_raises) "
+    "between them. node_removed kills a worker node that holds an actor of the graph "
+    "(`cluster.remove_node`, no grace) mid-execution; comm_raises makes a communicator's "
+    "send raise in one execution; stranger connects to every listening socket of the "
+    "graph without its secret (garbage, forged lines, a huge frame). Loopback nodes share "
+    "one kernel: a removed node's processes die and its ports refuse at once, where a real "
+    "node's loss can leave connections silent until keepalive; there is no wire latency.")
+

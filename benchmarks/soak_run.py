@@ -38,7 +38,10 @@ TERMINAL = (cgraph.ActorDiedError, cgraph.ChannelClosedError, cgraph.GraphTornDo
 EXPLAINED = {  # fault -> the typed errors it may cause (besides cgraph.TimeoutError, retried)
     "kill9": (cgraph.ActorDiedError, cgraph.ChannelClosedError),
     "teardown": (cgraph.GraphTornDownError,),
+    "node_removed": (cgraph.ActorDiedError, cgraph.ChannelClosedError),  # NodeDiedError is one
+    "comm_raises": (cgraph.CommunicatorError,),  # and the send's own error, as a TaskError
 }
+FIRED_BY_CALL = ("node_removed", "stranger")  # the Injector's ``call`` is the fault
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Outcome:
     what: str  # "value", the error's type, or why it is wrong / hung
     timeouts: int = 0  # cgraph.TimeoutError before the outcome (retried)
     after_fault_s: float | None = None  # a typed error: how long after the fault it came
+    names: str = ""  # a typed error: what its message names ("node actor op" or fewer)
 
 
 class Hang(Exception):  # noqa: N818 - the watchdog's verdict
@@ -72,6 +76,7 @@ class Injector:
     pid: int = 0  # kill9, sigstop: the victim
     stop_s: float = 0.0  # sigstop: how long
     compiled: Any = None  # teardown: the graph
+    call: Any = None  # node_removed, stranger: what the fault does
     fired_at: float | None = None  # monotonic time the fault hit
     span_s: float = 0.0  # how long the fault lasts (stop, sleep), for deadlines
     notes: list[str] = field(default_factory=list)
@@ -79,7 +84,7 @@ class Injector:
     _stopped: bool = False
 
     def start(self) -> None:
-        if self.kind in ("kill9", "sigstop", "teardown"):
+        if self.kind in ("kill9", "sigstop", "teardown", *FIRED_BY_CALL):
             self._thread = threading.Thread(target=self._fire, name="soak-fault", daemon=True)
             self._thread.start()
         else:
@@ -90,6 +95,11 @@ class Injector:
         self.fired_at = time.monotonic()
         if self.kind == "kill9":
             os.kill(self.pid, signal.SIGKILL)
+        elif self.kind in FIRED_BY_CALL:
+            try:
+                self.call()
+            except Exception as exc:  # noqa: BLE001 - reported
+                self.notes.append(f"wrong: the {self.kind} fault raised {type(exc).__name__}: {exc}")
         elif self.kind == "sigstop":
             os.kill(self.pid, signal.SIGSTOP)
             self._stopped = True
@@ -247,12 +257,35 @@ def _judge_error(plan: Plan, i: int, exc: BaseException, timeouts: int) -> Outco
     name = type(exc).__name__
     if not isinstance(exc, cgraph.CGraphError):
         return Outcome(i, "wrong", f"untyped {name}: {str(exc)[:160]}", timeouts)
+    fired = plan.injector.fired_at
     if isinstance(exc, cgraph.TaskError):
         if _want(plan, i) is FAILED and isinstance(exc, ValueError):
             return Outcome(i, "ok", "TaskError", timeouts)
+        if _comm_fault(plan, i, exc) and fired is not None:
+            return Outcome(i, "error", name, timeouts, round(time.monotonic() - fired, 3), _names(exc))
         return Outcome(i, "wrong", f"unexpected {name}: {str(exc)[:160]}", timeouts)
-    fired = plan.injector.fired_at
     if isinstance(exc, EXPLAINED.get(plan.injector.kind, ())) and fired is not None:
-        return Outcome(i, "error", name, timeouts, round(time.monotonic() - fired, 3))
+        return Outcome(i, "error", name, timeouts, round(time.monotonic() - fired, 3), _names(exc))
     return Outcome(i, "wrong", f"{name} not explained by the fault "
                    f"({plan.injector.kind}, fired={fired is not None}): {str(exc)[:160]}", timeouts)
+
+
+def _comm_fault(plan: Plan, i: int, exc: BaseException) -> bool:
+    """A communicator fault's error, in its execution or a later one: the flaky send's own
+    ``ValueError``, or the group's ``CommunicatorError`` (a member's, wrapped as a
+    TaskError by the op that read it)."""
+    if plan.injector.kind != "comm_raises" or i < plan.injector.at:
+        return False
+    text = str(exc)
+    return "soak: flaky send" in text or "CommunicatorError" in text or isinstance(exc, cgraph.CommunicatorError)
+
+
+def _names(exc: BaseException) -> str:
+    """What a typed error's message names, of the three a user needs: the node, the actor,
+    the op (the where-record of every actor says all three)."""
+    text = str(exc)
+    named = [what for what, found in (("node", " node " in text or "node " in text[:5]),
+                                      ("actor", "actor " in text),
+                                      ("op", " op " in text or "execution " in text)) if found]
+    return " ".join(named)
+

@@ -6,8 +6,9 @@ Here the driver makes each group through its kind's row (``comm.kinds``: shm
 links, a store actor, the user's checked object), adds one side channel per COMM
 channel (shared memory on the driver's node, a socket when an end lives on another
 node; likewise the abort channels), and ships each actor a ``CommProgram`` in
-``ActorProgram.comm``; the actor opens its communicators on its first communicator
-op (``comm_ops``, through ``comm.kinds.open_group``).
+``ActorProgram.comm``; the actor opens its communicators when its loop starts
+(``executor``, ``comm_ops``, through ``comm.kinds.open_group``): making a torch
+group is collective, so no member may wait for another's output first.
 
     kind      abort() does
     cpu       close the links

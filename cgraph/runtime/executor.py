@@ -525,6 +525,11 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
     switch = switches.cell(program.graph_tag, program.actor) if program.schedules else None
     record = program.timeline is not None
     try:
+        if program.comm is not None and program.comm.groups:
+            # Open every communicator now, not at the first op that uses it: making a torch
+            # group (gloo, NCCL) is collective, so a member whose first comm op waits on
+            # another member's output would otherwise never join (design-notes).
+            comm_state(ctx)
         with torch_profiling(program.torch_profiles):  # Ray's switch; a no-op otherwise
             while True:
                 steps = [HANDLERS[op.kind](op, ctx) for op in ctx.program.ops]

@@ -31,6 +31,7 @@ SCRIPTS = {  # name: its arguments, how long it may run, the file of its tests, 
     "multinode_script.py": ((), 360.0, "test_multinode.py", True),
     "attack_script.py": ((), 280.0, "test_attacks.py", False),
     "shutdown_script.py": ((), 300.0, "test_runtime_shutdown.py", True),
+    "node_soak_script.py": (("6",), 480.0, "test_node_soak.py", True),
 }
 
 

@@ -131,6 +131,17 @@ def test_chain(pool) -> None:
     assert run(dag, [1, 2, 3]) == [8.0, 16.0, 24.0]
 
 
+def test_a_member_whose_first_communicator_op_waits_on_another_members_output_joins(pool) -> None:
+    """a ══► b ──► c ══► d: c's first communicator op (its send to d) waits on b's value,
+    which waits on b's receive from a. Making a torch group is collective, so when each
+    member made it at its first op, b's waited for c's forever (a soak across nodes found
+    it); every member now opens its communicators when its loop starts."""
+    a, b, c, d = pool
+    with InputNode() as inp:
+        dag = d.total.bind(nccl(c.double.bind(b.double.bind(nccl(a.make.bind(inp))))))
+    assert run(dag, [1, 2]) == [16.0, 32.0]
+
+
 def test_fan_out_and_fan_in(pool) -> None:
     a, b, c, d = pool
     with InputNode() as inp:
