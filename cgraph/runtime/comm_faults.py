@@ -181,14 +181,16 @@ class GroupFaults:
         self.failures: dict[str, GroupFailure] = {}
         self.origins: dict[str, ErrorValue] = {}  # the failing member's error, from the board
         self.aborted: dict[str, threading.Event] = {}
-        self.groups: dict[str, tuple[GroupEndpoint, Communicator]] = {}  # name -> (GroupEndpoint, communicator)
+        self.groups: dict[str, tuple[GroupEndpoint, Communicator | None]] = {}  # name -> (endpoint, communicator once made)
 
-    def watch(self, name: str, group: GroupEndpoint, comm: Communicator) -> None:
+    def watch(self, name: str, group: GroupEndpoint, on_close: Callable[[], None] | None = None) -> threading.Event | None:
         """Fail and abort the group when its control channel closes (a member's fault,
-        teardown, a death): a thread waits on it."""
-        self.groups[name] = (group, comm)
+        teardown, a death): a thread waits on it, from before the communicator is made
+        (``adopt``), so that a close also ends the wait for the group's making. Returns
+        the event the close sets (None: the group has no control); ``on_close`` runs then."""
+        self.groups[name] = (group, None)
         if group.control is None:
-            return
+            return None
         event = self.aborted[name] = threading.Event()
 
         def wait() -> None:
@@ -207,9 +209,23 @@ class GroupFaults:
                     self.origins.setdefault(name, posted[1])
             self.failures.setdefault(name, GroupFailure(self.execution(), self.label, ""))
             event.set()  # before the abort: a call it fails finds the group aborted
-            quietly(comm.abort)
+            comm = self.groups[name][1]
+            if comm is not None:
+                quietly(comm.abort)
+            if on_close is not None:
+                on_close()
 
         _threads.start(wait, f"cgraph-abort-{group.name}")
+        return event
+
+    def adopt(self, name: str, comm: Communicator) -> None:
+        """The group's communicator, made: the watcher aborts it when the control closes
+        (at once, if it closed while the group was being made)."""
+        group, _ = self.groups[name]
+        self.groups[name] = (group, comm)
+        event = self.aborted.get(name)
+        if event is not None and event.is_set():
+            quietly(comm.abort)
 
     def failed(self, name: str) -> GroupFailure | None:
         return self.failures.get(name)
@@ -231,6 +247,7 @@ class GroupFaults:
         if closed:
             raise exc
         group, comm = self.groups[site.group]
+        assert comm is not None  # an op runs only on an adopted communicator
         failure = self.failures.setdefault(
             site.group, GroupFailure(site.execution, self.label, f"{type(exc).__name__}: {exc}"))
         add_note(exc, f"cgraph: communicator {type(comm).__name__} of group {site.group} raised in {site.where} "
@@ -274,6 +291,7 @@ class GroupFaults:
         closes it. Sockets (a member on another node): this member's control, which the
         driver's control server closes with every other member's (``link_closing``)."""
         group, comm = self.groups[name]
+        assert comm is not None  # an op that faulted ran on it
         if isinstance(group.control, ShmHandle):
             try:
                 reader = open_endpoint(group.control)

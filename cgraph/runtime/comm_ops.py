@@ -45,17 +45,24 @@ collectives keep overlapping the compute that follows them.
 from __future__ import annotations
 
 import pickle
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
+from cgraph import _threads
 from cgraph._boundary import UserValue
 from cgraph.channels.opener import open_endpoint
 from cgraph.comm import signatures
 from cgraph.comm.communicator import Communicator, as_reduce_op
 from cgraph.comm.kinds import open_group
 from cgraph.comm.streams import Body, CudaStreams, InlineStreams, ModelStreams, streams_of
-from cgraph.errors import CollectiveMismatchError, CommunicatorError, RuntimeGraphError
+from cgraph.errors import (
+    ChannelClosedError,
+    CollectiveMismatchError,
+    CommunicatorError,
+    RuntimeGraphError,
+)
 from cgraph.runtime.comm_channel import EdgeReader, EdgeWriter, Encoded, Failed, encode
 from cgraph.runtime.comm_faults import SETTLE_S, GroupFaults, Site, quietly
 from cgraph.runtime.communicators import CollectiveEndpoint, CommProgram
@@ -66,6 +73,7 @@ from cgraph.scheduler.ops import Op, OpKind, Stream
 if TYPE_CHECKING:
     import torch
 
+    from cgraph.comm.kinds import GroupEndpoint
     from cgraph.runtime.program import ActorProgram
 
 
@@ -120,9 +128,8 @@ class CommState:
         self.faults = GroupFaults(ctx.program.label, lambda: ctx.execution)
         ctx.close_hooks.append(self.close)  # first: whatever opens below gets closed
         for name, group in program.groups.items():
-            comm = self.comms[name] = open_group(group)
+            comm = self.comms[name] = self._open(name, group)
             self.engines[id(comm)] = streams_of(comm)
-            self.faults.watch(name, group, comm)
         self.writers = {k: EdgeWriter(self.comms[e.group], e.peer_rank, open_endpoint(e.side), e.hint, e.node)
                         for k, e in program.sends.items()}
         viewable = last_link_reads(ctx.program.ops, program)
@@ -134,6 +141,39 @@ class CommState:
             binders = [e.bind_thread for e in self.engines.values() if not isinstance(e, InlineStreams)]
             self.thread = ThreadPoolExecutor(1, "cgraph-comm", initializer=binders[0] if binders else None)
         ctx.end_hooks.append(self.end_execution)
+
+    def _open(self, name: str, group: GroupEndpoint) -> Communicator:
+        """This member's communicator of ``group``, made in a thread of its own while the
+        group's control is watched: making a torch group waits for every rank, and a
+        member that died before joining, or a teardown, then ends the wait by closing the
+        control, not at the group's own timeout (the half-made group is left to it).
+
+        Raises:
+            ChannelClosedError: the control closed first.
+        """
+        made: dict[str, Communicator | BaseException] = {}
+        woken = threading.Event()
+        closed = self.faults.watch(name, group, on_close=woken.set)
+        if closed is None:  # no control to watch (a bare test harness): make it here
+            made["comm"] = open_group(group)
+        else:
+            def make() -> None:
+                try:
+                    made["comm"] = open_group(group)
+                except BaseException as exc:  # noqa: BLE001 - raised below, in the loop's thread
+                    made["error"] = exc
+                woken.set()
+
+            _threads.start(make, f"cgraph-open-{name}")
+            woken.wait()
+        comm = made.get("comm")
+        if isinstance(comm, Communicator):
+            self.faults.adopt(name, comm)
+            return comm
+        if isinstance(made.get("error"), BaseException):
+            raise cast(BaseException, made["error"])
+        raise ChannelClosedError(f"communicator group {name} was closed (teardown or a failure) while "
+                                 f"actor {self.ctx.program.label} was making it")
 
     def run(self, op: Op, comm: Communicator, body: Body) -> UserValue | Pending:
         """Run ``body`` for ``op``: inline without a comm thread; with one, on it (a

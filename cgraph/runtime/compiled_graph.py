@@ -516,7 +516,10 @@ class CompiledGraph:
         survivors' loops still wait), and wake every waiter. A failed graph runs no
         more: once its loops ended, its segments, sockets and stores go, now and not at
         teardown."""
-        error = self._node_behind(error)
+        try:
+            error = self._node_behind(error)
+        except Exception:  # noqa: BLE001 - the diagnosis never stops the verdict
+            logger.debug("cgraph: could not tell whether a node was lost", exc_info=True)
         if error.args and isinstance(error.args[0], str):
             error.args = (f"{error.args[0]} Where each actor was: {self._outputs._where_line()}",
                           *error.args[1:])

@@ -34,7 +34,6 @@ from cgraph._boundary import UserValue
 from cgraph.errors import (
     CapacityError,
     ChannelClosedError,
-    ChannelLostError,
     ChannelTimeoutError,
     GraphTornDownError,
     RefConsumedError,
@@ -45,11 +44,18 @@ from cgraph.errors import (
 )
 from cgraph.runtime.error_value import ErrorValue
 from cgraph.runtime.monitor import DEATH_GRACE_S
+from cgraph.runtime.node_loss import PROBE_S
 from cgraph.runtime.options import CompileOptions
+from cgraph.runtime.where import ASK_TIMEOUT_S
 
 if TYPE_CHECKING:
     from cgraph.runtime.endpoints import CopyingReader
     from cgraph.runtime.recording import Recorder
+
+
+VERDICT_S = DEATH_GRACE_S + ASK_TIMEOUT_S + PROBE_S + 2.0
+"""How long a waiter whose channel closed under it waits for the monitor's verdict: the
+death grace, the where-record's question to every actor, the raylet's probe, and slack."""
 
 
 class GraphState:
@@ -77,14 +83,15 @@ class GraphState:
     def closed_error(self, cause: ChannelClosedError | None = None) -> RuntimeGraphError:
         """Why a driver channel closed under a waiter: the monitor's verdict, else teardown.
 
-        A socket channel whose writer vanished (``ChannelLostError``) ends before the
-        monitor has seen why (an actor's death, or a loop that lost a channel): the
-        waiter waits for its verdict (it waits ``DEATH_GRACE_S`` for a death), and
-        reports the lost channel itself if none comes.
+        A channel that closes or ends while the graph is not torn down (a socket whose
+        writer vanished, a survivor's loop that ended on a lost peer) closes before the
+        monitor has said why (it waits ``DEATH_GRACE_S`` for a death, then asks where
+        each actor is and whether a node was lost): the waiter waits ``VERDICT_S`` for
+        its verdict, and reports the channel's own error if none comes.
         """
-        if isinstance(cause, ChannelLostError) and not self.torn_down:
-            self.failed.wait(DEATH_GRACE_S + 2.0)
-            if self.failure is None:
+        if not self.torn_down:  # a close the user did not ask for: a failure the monitor is reporting
+            self.failed.wait(VERDICT_S)
+            if self.failure is None and cause is not None:
                 return with_compat(cause)
         if self.failure is not None:
             return self.failure

@@ -401,3 +401,26 @@ def test_a_nccl_groups_first_handshake_waits_the_graphs_get_timeout(monkeypatch,
         res.keep_alive.clear()
         res.unlink()
     assert [r.timeout_s for r in rendezvous] == [get_timeout or RENDEZVOUS_TIMEOUT_S] * 2
+
+
+def test_a_member_stuck_making_its_group_ends_its_loop_when_the_graph_closes(monkeypatch) -> None:
+    """Making a torch group waits for every rank; a rank that died before joining left the
+    others waiting for the group's own timeout, and teardown waited with them. The loop now
+    waits for the making or the group's control closing, whichever comes first."""
+    from cgraph.runtime import comm_ops
+
+    made_by_others, release = comm_ops.open_group, threading.Event()
+
+    def stuck_for_rank_1(endpoint: Any) -> Any:
+        if endpoint.rank == 1:
+            release.wait(60)  # a peer that never comes
+        return made_by_others(endpoint)
+
+    monkeypatch.setattr(comm_ops, "open_group", stuck_for_rank_1)
+    harness = Harness(CHAIN)
+    try:
+        results = harness.close()  # teardown: every control closes
+        assert all(not t.is_alive() for t in harness.threads), "every loop ended, the stuck one too"
+        assert results == {a: "closed" for a in harness.planned.schedule}, results
+    finally:
+        release.set()
