@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -281,11 +282,11 @@ def _comm_fault(plan: Plan, i: int, exc: BaseException) -> bool:
 
 
 def _names(exc: BaseException) -> str:
-    """What a typed error's message names, of the three a user needs: the node, the actor,
-    the op (the where-record of every actor says all three)."""
+    """What a typed error's message names, of the three a user needs: the machine node
+    ("node 1", "Ray node ..."; a DAG node "node n3" does not count), the actor, the op
+    (the where-record of every actor says all three)."""
     text = str(exc)
-    named = [what for what, found in (("node", " node " in text or "node " in text[:5]),
+    named = [what for what, found in (("node", re.search(r"\bnode \d|Ray node ", text) is not None),
                                       ("actor", "actor " in text),
                                       ("op", " op " in text or "execution " in text)) if found]
     return " ".join(named)
-
