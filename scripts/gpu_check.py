@@ -87,7 +87,8 @@ def counts(rows: list[tuple[str, str, str]]) -> dict[str, int]:
     return {verdict: sum(v == verdict for _, v, _ in rows) for verdict in ("PASS", "FAIL", "NOT RUN")}
 
 
-def this_run(checks: list[tuple[str, str, str]], sanitizer: list[tuple[str, str, str]], example: str) -> dict:
+def this_run(checks: list[tuple[str, str, str]], sanitizer: list[tuple[str, str, str]], example: str,
+             auto: list[str] | None = None) -> dict:
     """This machine's GPU run as one record of benchmarks/results/gpu.json."""
     import torch
 
@@ -100,6 +101,7 @@ def this_run(checks: list[tuple[str, str, str]], sanitizer: list[tuple[str, str,
         "not_run": [f"{name} ({why})" for name, verdict, why in checks if verdict == "NOT RUN"],
         "sanitizer": counts(sanitizer),
         "overlap_example": example,
+        "overlap_auto": auto or [],  # what overlap="auto" chose on the GPU, and why (the example's lines)
     }
 
 
@@ -130,7 +132,8 @@ def main() -> int:
     print("\n".join(line for line in example.stdout.splitlines() if "duration" in line or "speedup" in line or line.startswith("auto")))
     verdict = "PASS" if example.returncode == 0 else "FAIL"
     print(f"{verdict:8} examples/overlap.py")
-    record(this_run(checks, sanitizer, verdict))
+    record(this_run(checks, sanitizer, verdict, [line for line in example.stdout.splitlines()
+                                                 if line.startswith("auto")]))
     return 0 if ok and example.returncode == 0 else 1
 
 
