@@ -43,6 +43,7 @@ docs: $(STAMP)
 	$(PY) scripts/build_docs.py build/docs
 
 # fault soak: 200 random DAGs, one fault each, ~30 min; writes benchmarks/results/fault_soak.{json,md}
+# across loopback nodes: make soak SOAK_ARGS="--nodes 3 --trials 100" (results/fault_soak_nodes.*)
 soak: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) benchmarks/fault_soak.py $(SOAK_ARGS)
 
