@@ -150,15 +150,19 @@ class Plan:
 def run_executions(compiled: Any, plan: Plan) -> list[Outcome]:
     """Submit and read ``plan.executions`` executions; one Outcome each (in order).
 
-    Up to ``plan.window`` executions are in flight; the next one read is usually the
-    oldest, sometimes a later one (the earlier results are then buffered), and now and
-    then one is dropped unread (its ref deleted)."""
+    Up to ``plan.window`` executions are in flight, counted from the oldest one not yet
+    read (a dropped ref's execution counts until the ones before it are read); the next
+    one read is usually the oldest, sometimes a later one (the earlier results are then
+    buffered), and now and then one is dropped unread (its ref deleted)."""
     outcomes: dict[int, Outcome] = {}
     pending: list[tuple[int, Any, float]] = []
     submitted = 0
     stopped = False
     while submitted < plan.executions or pending:
-        while submitted < plan.executions and len(pending) < plan.window and not stopped:
+        # in flight, as the graph counts: from the oldest execution not read yet (a ref
+        # dropped unread stays in flight until every earlier execution is taken, as in Ray)
+        while (submitted < plan.executions and not stopped
+               and submitted - min((p[0] for p in pending), default=submitted) < plan.window):
             i = submitted
             if i == plan.injector.at:
                 plan.injector.start()
@@ -272,13 +276,16 @@ def _judge_error(plan: Plan, i: int, exc: BaseException, timeouts: int) -> Outco
 
 
 def _comm_fault(plan: Plan, i: int, exc: BaseException) -> bool:
-    """A communicator fault's error, in its execution or a later one: the flaky send's own
-    ``ValueError``, or the group's ``CommunicatorError`` (a member's, wrapped as a
-    TaskError by the op that read it)."""
-    if plan.injector.kind != "comm_raises" or i < plan.injector.at:
+    """A communicator fault's error: in its execution or a later one, the flaky send's own
+    ``ValueError`` or the group's ``CommunicatorError`` (a member's, wrapped as a TaskError
+    by the op that read it); in an earlier execution still in flight with it, the group's
+    abort cutting a member's op short (a documented limit, design-notes: "executions in
+    flight")."""
+    if plan.injector.kind != "comm_raises" or i <= plan.injector.at - plan.window:
         return False
     text = str(exc)
-    return "soak: flaky send" in text or "CommunicatorError" in text or isinstance(exc, cgraph.CommunicatorError)
+    group_error = "CommunicatorError" in text or isinstance(exc, cgraph.CommunicatorError)
+    return group_error or (i >= plan.injector.at and "soak: flaky send" in text)
 
 
 def _names(exc: BaseException) -> str:
