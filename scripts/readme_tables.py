@@ -250,6 +250,9 @@ def auto(data: dict[str, Any]) -> str:
                    f"alternating); it chose {', '.join(f'{k} ({v} runs)' for k, v in sec['choices'].items())}.")
 
 
+SCRIPTS = {"fault_soak_nodes": "fault_soak"}
+"""The script that writes a results file not named after it (``fault_soak.py --nodes 3``)."""
+
 AREAS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("runtime.json", runtime), ("collective.json", collective), ("overlap.json", overlap),
     ("crossnode.json", crossnode), ("forward.json", forward), ("scheduler.json", scheduler),
