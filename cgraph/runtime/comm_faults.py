@@ -299,11 +299,10 @@ class GroupFaults:
                 return
             reader.close()
             reader.detach()
-        elif group.control is not None:
+            return
+        if group.control is not None:
             close_remotely(group.control)
-            quietly(comm.abort)
-        else:
-            quietly(comm.abort)
+        quietly(comm.abort)
 
 
 def quietly(fn: Callable[[], _T]) -> _T | None:

@@ -536,11 +536,11 @@ class CompiledGraph:
         node's loss: a ``NodeDiedError`` naming the node and the graph's actors on it."""
         if not isinstance(error, ActorDiedError) or isinstance(error, NodeDiedError):
             return error
-        dead = next((a for a in self.graph.actors if f"{a.id} ({a.cls})" == error.actor), None)
+        dead = next((a for a in self.graph.actors if self._labels[a.id] == error.actor), None)
         why = node_lost(dead.host) if dead is not None and dead.host else None
         if dead is None or why is None:
             return error
-        on_it = ", ".join(f"{a.id} ({a.cls})" for a in self.graph.actors if a.host == dead.host)
+        on_it = ", ".join(self._labels[a.id] for a in self.graph.actors if a.host == dead.host)
         return NodeDiedError(
             f"node {self._node_numbers()[dead.host]} (Ray node {dead.host}) was lost while the compiled graph "
             f"was running: {why}; the graph's actors on it died with it: {on_it}. {error.args[0]}",

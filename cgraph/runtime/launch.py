@@ -262,6 +262,7 @@ LOCATE_TIMEOUT_S = 60.0
 """How long a started actor may take to answer compile's one call before compile gives up
 on it as busy. An actor still being created (``actor_table.STARTING``) is waited for."""
 POLL_S = 1.0
+"""How often compile asks the GCS about actors it has not yet seen started."""
 
 
 def locate_actors(front: FrontEnd) -> Graph:
