@@ -14,8 +14,14 @@ import ray
 
 from cgraph._boundary import ActorHandle, RayObject
 
-STARTING = frozenset({"DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING"})
+UNREGISTERED = "UNREGISTERED"
+"""Not in the GCS actor table yet: ``Actor.remote()`` returned, and the actor's registration
+with the GCS (asynchronous; seconds on a loaded machine) has not arrived."""
+STARTING = frozenset({UNREGISTERED, "DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING"})
 """The states of an actor that cannot answer a call yet, and will."""
+
+
+NOT_IN_TABLE = "the actor was not in the GCS actor table"
 
 
 def actor_entry(handle: ActorHandle, wait_s: float = 0.0) -> tuple[RayObject, str]:
@@ -35,17 +41,18 @@ def actor_entry(handle: ActorHandle, wait_s: float = 0.0) -> tuple[RayObject, st
             time.sleep(0.05)
             info = accessor.get_actor_info(handle._actor_id)
         if info is None:
-            return None, f"the actor was not in the GCS actor table within {wait_s:g} s"
+            return None, f"{NOT_IN_TABLE} within {wait_s:g} s"
         return gcs_pb2.ActorTableData.FromString(info), "the GCS actor table"  # type: ignore[attr-defined]
     except Exception as e:  # noqa: BLE001
         return None, f"the GCS actor table is unreadable: {e}"
 
 
 def actor_state(handle: ActorHandle) -> str | None:
-    """``"ALIVE"``, one of ``STARTING``, ``"DEAD"``, or None where the table cannot say."""
-    entry, _ = actor_entry(handle)
+    """``"ALIVE"``, one of ``STARTING`` (``UNREGISTERED`` where the table has no entry for it
+    yet), ``"DEAD"``, or None where the table cannot be read."""
+    entry, how = actor_entry(handle)
     if entry is None:
-        return None
+        return UNREGISTERED if how.startswith(NOT_IN_TABLE) else None
     from ray.core.generated import gcs_pb2
 
     return str(gcs_pb2.ActorTableData.ActorState.Name(entry.state))  # type: ignore[attr-defined]

@@ -7,6 +7,10 @@ script take about two minutes, one minute and 20 s, and much of it is waiting on
 worker's start, a node's registration). Started early, they run beside the other Ray
 tests instead of after them; their tests then read what they printed. A script whose
 test was not collected never runs. The attack script's tests come first anyway.
+
+At most ``EARLY_AT_ONCE`` early scripts run at a time: all four at once put five Ray
+clusters on CI's two cores, and an actor of the session's first test took over 60 s
+from ``Actor.remote()`` to answering a call.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -35,6 +40,10 @@ SCRIPTS = {  # name: its arguments, how long it may run, the file of its tests, 
 }
 
 
+EARLY_AT_ONCE = 2
+"""How many early scripts run beside the session's tests at once."""
+
+
 class ChildScript:
     """One run of ``tests/ray/<name> *args`` in a fresh process (no RAY_ variables of this
     session's Ray), its output kept in files so that a chatty script never blocks."""
@@ -47,10 +56,19 @@ class ChildScript:
         self._err: IO[bytes] | None = None
         self._started = 0.0
         self._done: subprocess.CompletedProcess[str] | None = None
+        self._lock = threading.Lock()
 
     def start(self) -> None:
+        with self._lock:
+            if self._proc is None:
+                self._start()
+
+    def wait(self) -> None:
+        """Until the script exits (at once if it never started)."""
         if self._proc is not None:
-            return
+            self._proc.wait()
+
+    def _start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONBREAKPOINT"}
         env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
         self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
@@ -110,18 +128,31 @@ class ChildScripts:
 
     def __init__(self) -> None:
         self.scripts: dict[str, ChildScript] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(EARLY_AT_ONCE)
+        self._stopping = False
 
     def get(self, name: str) -> ChildScript:
-        if name not in self.scripts:
-            self.scripts[name] = ChildScript(name)
-        return self.scripts[name]
+        with self._lock:
+            if name not in self.scripts:
+                self.scripts[name] = ChildScript(name)
+            return self.scripts[name]
 
     def start_early(self, collected: set[str]) -> None:
-        """Start the scripts marked early whose test file is in ``collected`` (file names)."""
+        """Start the scripts marked early whose test file is in ``collected`` (file names),
+        ``EARLY_AT_ONCE`` at a time, in ``SCRIPTS``' order; a test that needs one sooner
+        starts it itself."""
         for name, (_, _, tests, early) in SCRIPTS.items():
             if early and tests in collected:
-                self.get(name).start()
+                threading.Thread(target=self._run_early, args=(self.get(name),), daemon=True).start()
+
+    def _run_early(self, script: ChildScript) -> None:
+        with self._slots:
+            if not self._stopping:
+                script.start()
+                script.wait()
 
     def stop(self) -> None:
-        for script in self.scripts.values():
+        self._stopping = True
+        for script in list(self.scripts.values()):
             script.stop()

@@ -217,6 +217,45 @@ def test_compile_waits_for_an_actor_ray_is_still_starting(ray_session, no_leaks,
         ray.kill(slow)
 
 
+def test_compile_waits_for_an_actor_the_gcs_has_not_registered_yet(pair, no_leaks, monkeypatch):
+    """On a loaded machine an actor's registration reaches the GCS seconds after
+    ``Actor.remote()`` returns; until then the table has no entry for it. CI met this: the
+    missing entry read as "started", and compile called the actor busy 60 s later."""
+    from ray._private.state import state
+
+    from cgraph.runtime import launch
+
+    a, b = pair
+    monkeypatch.setattr(launch, "LOCATE_TIMEOUT_S", 5.0)
+    real_table, real_wait, hidden_until = state._connect_and_get_accessor, launch._wait_for_answers, [0.0]
+
+    class Unregistered:  # the table as it reads before b's registration arrived
+        def __init__(self, accessor):
+            self._accessor = accessor
+
+        def get_actor_info(self, actor_id):
+            if actor_id == b._actor_id and time.monotonic() < hidden_until[0]:
+                return None
+            return self._accessor.get_actor_info(actor_id)
+
+    def wait_for_answers(refs, handles):  # b unregistered for compile's first 8 s of waiting
+        hidden_until[0] = time.monotonic() + 8.0
+        real_wait(refs, handles)
+
+    monkeypatch.setattr(state, "_connect_and_get_accessor", lambda: Unregistered(real_table()))
+    monkeypatch.setattr(launch, "_wait_for_answers", wait_for_answers)
+    busy = b.sleep_then.remote(1, seconds=8.0)  # b answers compile's call after about 8 s,
+    # 7 s after the old code took the missing entry for "started", within 5 s of registering
+    with InputNode() as inp:
+        dag = b.inc.bind(a.inc.bind(inp))
+    compiled = cgraph.compile(dag)
+    try:
+        assert compiled.execute(1).get(timeout=60) == 3
+    finally:
+        compiled.teardown()
+    assert ray.get(busy, timeout=60) == 1
+
+
 def test_compile_names_a_started_actor_that_is_busy(pair, no_leaks, monkeypatch):
     from cgraph.runtime import launch
 
