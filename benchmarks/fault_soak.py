@@ -135,7 +135,8 @@ def fault_plan(rng: random.Random, fault: str, spec: Any, actors: list[Any], pid
     """Where and how the trial's fault hits. A kill, a stop or a node's removal comes
     before the last execution (so some execution waits on it), at a random moment after
     execution ``at`` is submitted, often while a node of it sleeps a little (the fault
-    then lands inside a method); a teardown comes while a node of execution ``at`` sleeps."""
+    then lands inside a method; a node's removal always does); a teardown comes while a
+    node of execution ``at`` sleeps."""
     executions = rng.randint(3, 7)
     timed = fault in ("kill9", "sigstop", "node_removed", "stranger")
     at = rng.randrange(executions - 1 if timed else executions)
@@ -154,10 +155,14 @@ def fault_plan(rng: random.Random, fault: str, spec: Any, actors: list[Any], pid
         elif fault == "sigstop":
             injector.pid = pids[rng.choice(used)]
             injector.stop_s = injector.span_s = timeout + rng.uniform(0.5, 2.0)
-        elif fault == "node_removed" and NODES is not None:
+        seconds = rng.choice((0.0, 0.0, rng.uniform(0.01, 0.3)))
+        if fault == "node_removed" and NODES is not None:
             lost = where[rng.choice(off_head)] if off_head else rng.randrange(1, NODES.n)
             injector.call, injector.pid = (lambda: NODES.remove(lost)), -lost  # -k: node k
-        seconds = rng.choice((0.0, 0.0, rng.uniform(0.01, 0.3)))
+            on_lost = [n for n in spec.nodes if where[n.actor] == lost]
+            if on_lost:  # the node is lost inside a method of execution ``at``: a waiter for
+                # sure (executions take ~1 ms, a node's removal longer: it could miss them all)
+                node, seconds = rng.choice(on_lost), rng.uniform(0.5, 1.5)
     elif fault == "user_exception":
         fails = {node.index}
         ray.get(actors[node.actor].arm.remote(spec.gid, node.index, "raise", at), timeout=60)

@@ -20,11 +20,23 @@ Frames. A frame is the value's size (u64) then exactly the slot layout of
 stream before anything is allocated; a value's memory is reserved lazily (an
 anonymous mapping for large values), so it grows only with bytes that really
 arrive; a value that stops arriving half-way for ``LOST_PEER_S`` ends the
-stream. Values land in private memory (arrays writable, so ``release()`` frees
-nothing and ``read(copy=...)`` changes nothing): a writer in the middle of a
-value larger than the socket buffers never waits for the reader's *user*, so a
-cycle of such edges cannot deadlock. One credit byte goes back per value read,
-so the thread holds at most ``max_inflight`` values.
+stream. One credit byte goes back per value read, so the thread holds at most
+``max_inflight`` values.
+
+Receive buffers. Values land in the reader's own buffers, kept and reused from
+value to value: an anonymous mapping per buffer, its pages committed as bytes
+first arrive and then mapped for good. A fresh mapping per value cost a page
+fault per 4 KiB received: a raw loopback stream into fresh mappings moved 0.55
+GB/s here, into a reused buffer 1.7 GB/s (docs/design-notes.md, "Cross-node
+receive buffers"). ``read()`` returns a zero-copy value (numpy arrays
+read-only, as on shared memory) valid until ``release()``, which gives its
+buffer back; ``read(copy=True)`` hands the buffer itself to the caller (no copy:
+the value outlives ``release()``) and the next value gets a new one. At most
+``max_inflight`` values wait unread and one is read and not released, so
+``max_inflight + 1`` buffers are kept; the receiving thread never waits for a
+buffer (it takes a new one if none is free): a writer in the middle of a value
+larger than the socket buffers never waits for the reader's *user*, so a cycle
+of such edges cannot deadlock.
 """
 
 from __future__ import annotations
@@ -62,7 +74,7 @@ if TYPE_CHECKING:
 
 FRAME = struct.Struct("<Q")  # value size in bytes, then that many bytes of slot layout
 MAX_PENDING = 16  # handshakes in progress on one listener
-_LAZY_BYTES = 1 << 20  # values at least this large get an anonymous mapping (lazy pages)
+_MIN_BUFFER = 1 << 20  # a receive buffer's least size: only the pages a value touches are committed
 
 
 class _EndOfStream(Exception):
@@ -79,8 +91,10 @@ class SocketReader(Endpoint, ChannelReader):
         self._sink = sink  # relay: values land in this shared-memory channel's slots
         self._held = 0  # relay: a slot reserved for the next value
         self.refusals = RefusalLog(f"socket channel {handle.name}")
-        self._arrived: collections.deque[bytearray | mmap.mmap] = collections.deque()
-        self._arrival = threading.Condition()
+        self._arrived: collections.deque[tuple[mmap.mmap, int]] = collections.deque()  # buffer, size
+        self._arrival = threading.Condition()  # also guards the two below
+        self._free: list[mmap.mmap] = []  # receive buffers to reuse, the most recent last
+        self._lent: mmap.mmap | None = None  # the buffer of the value read, until release()
         self._ended: BaseException | None = None  # how the writer's stream ended
         host = self._ctl.getsockname()[0]  # the address this host reaches the owner from
         try:
@@ -98,7 +112,9 @@ class SocketReader(Endpoint, ChannelReader):
         self._pump = _threads.start(self._receive, f"cgraph-recv-{handle.name}")
 
     def read(self, timeout: float | None = None, copy: bool = False) -> UserValue:
-        """The next value, received whole into private memory (``copy`` changes nothing)."""
+        """The next value (releasing the last): zero-copy views of this end's receive buffer,
+        valid until ``release()``; with ``copy=True`` the buffer is the caller's (no copy)."""
+        self.release()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._arrival:
             while not self._arrived or self._closed or self._detached:
@@ -109,9 +125,12 @@ class SocketReader(Endpoint, ChannelReader):
                     why = "no value has arrived" if self._data else "its writer has not written yet"
                     raise self._timeout(timeout, why)
                 self._arrival.wait(wait)
-            body = self._arrived.popleft()
+            body, size = self._arrived.popleft()
         self._credit()
-        return loads(memoryview(body), writable=True)
+        if copy:
+            return loads(memoryview(body)[:size], writable=True)
+        self._lent = body
+        return loads(memoryview(body)[:size])
 
     def _credit(self) -> None:
         """One credit byte back to the writer (under ``_io``: the receiving thread may be
@@ -125,7 +144,13 @@ class SocketReader(Endpoint, ChannelReader):
             pass  # the writer is gone: the next read finds the end of the stream
 
     def release(self) -> None:
-        """Nothing to give back: the credit went back when the value was read."""
+        """The last value's buffer back to the receiving thread (the credit went back when
+        the value was read); idempotent."""
+        lent, self._lent = self._lent, None
+        if lent is not None:
+            with self._arrival:
+                if len(self._free) < self._handle.max_inflight + 1:
+                    self._free.append(lent)
 
     def detach(self) -> None:
         """Stop the receiving thread, then close this end's sockets."""
@@ -157,10 +182,10 @@ class SocketReader(Endpoint, ChannelReader):
                     self._sink.fill(size, functools.partial(self._recv_value, size))
                     self._held = 0
                 else:
-                    body = _private(size)
-                    self._recv_into(memoryview(body), idle_ok=False)
+                    body = self._buffer(size)
+                    self._recv_into(memoryview(body)[:size], idle_ok=False)
                     with self._arrival:
-                        self._arrived.append(body)
+                        self._arrived.append((body, size))
                         self._arrival.notify()
                 self._midframe = False
         except ChannelClosedError:
@@ -169,6 +194,17 @@ class SocketReader(Endpoint, ChannelReader):
             self._ended = exc
         finally:
             self._end_stream()
+
+    def _buffer(self, size: int) -> mmap.mmap:
+        """A receive buffer of at least ``size`` bytes: the most recently freed one, or a new
+        anonymous mapping (a quarter larger than asked, so a value that grows a little
+        still fits; pages never touched are never committed)."""
+        with self._arrival:
+            while self._free:
+                body = self._free.pop()
+                if len(body) >= size:
+                    return body
+        return mmap.mmap(-1, max(_MIN_BUFFER, size + size // 4))
 
     def _recv_value(self, size: int, slot: memoryview) -> None:
         self._recv_into(slot[:size], idle_ok=False)
@@ -310,11 +346,3 @@ class SocketReader(Endpoint, ChannelReader):
                 raise _EndOfStream("end of stream")
             got += n
             self._midframe = True
-
-
-def _private(size: int) -> bytearray | mmap.mmap:
-    """Memory for one value: its pages come as bytes arrive (a bytearray zero-fills, and
-    so commits, all of them at once)."""
-    if size < _LAZY_BYTES:
-        return bytearray(size)
-    return mmap.mmap(-1, size)

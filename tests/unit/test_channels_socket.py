@@ -106,7 +106,7 @@ def _echo(in_handle, out_handle, count):
 def _read_n(handle, count, delay=0.0):
     time.sleep(delay)
     reader = open_endpoint(handle)
-    values = [reader.read(timeout=20) for _ in range(count)]
+    values = [reader.read(timeout=20, copy=True) for _ in range(count)]  # kept past the next read
     reader.detach()
     return [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
 
@@ -237,17 +237,64 @@ def test_values_round_trip_exactly_across_a_fork(server, tag):
     detach_all(writer, reader)
 
 
-def test_values_read_are_private_and_writable(server, tag):
+def test_values_read_with_copy_are_private_and_writable(server, tag):
     with SocketChannel.create(server, tag, "private") as ch:
         writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
         a, t = np.arange(4.0), torch.arange(4.0)
         writer.write({"a": a, "t": t})
-        got = reader.read(timeout=5, copy=False)
-        reader.release()  # frees nothing: the value stays valid
+        got = reader.read(timeout=5, copy=True)
+        reader.release()
+        writer.write(np.zeros(4))
+        assert reader.read(timeout=5).tolist() == [0.0] * 4  # the next value: got's memory is its own
         got["a"][0] = 9.0
         got["t"].add_(1)
         assert a[0] == 0.0 and t[0] == 0.0
         assert got["a"].flags.writeable and got["t"].tolist() == [1.0, 2.0, 3.0, 4.0]
+        assert got["a"].tolist() == [9.0, 1.0, 2.0, 3.0]
+        detach_all(writer, reader)
+
+
+def _address(array: np.ndarray) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def test_values_land_in_receive_buffers_reused_from_value_to_value(server, tag):
+    """A read value is a read-only view of the reader's receive buffer, valid until
+    release(); the next value lands in the same memory (no fresh mapping per value)."""
+    mib = 1 << 20
+    with SocketChannel.create(server, tag, "reuse", max_inflight=2) as ch:
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
+        writer.write(np.full(2 * mib, 1, np.uint8))
+        first = reader.read(timeout=5)
+        assert not first.flags.writeable and int(first.sum()) == 2 * mib
+        where = _address(first)
+        for fill in (2, 3, 4):
+            reader.release()  # the buffer is free before the next value arrives
+            writer.write(np.full(2 * mib, fill, np.uint8))
+            got = reader.read(timeout=5)
+            assert int(got.min()) == int(got.max()) == fill
+            assert _address(got) == where
+        reader.release()
+        writer.write(np.full(5 * mib, 5, np.uint8))  # larger than the buffer: a larger one
+        big = reader.read(timeout=5)
+        assert big.nbytes == 5 * mib and int(big.min()) == int(big.max()) == 5
+        reader.release()
+        writer.write(np.full(5 * mib, 6, np.uint8))
+        assert _address(reader.read(timeout=5)) == _address(big)
+        detach_all(writer, reader)
+
+
+def test_values_waiting_unread_each_keep_their_own_buffer(server, tag):
+    mib = 1 << 20
+    with SocketChannel.create(server, tag, "unread", max_inflight=3) as ch:
+        writer, reader = open_endpoint(ch.writer_handle()), open_endpoint(ch.reader_handle())
+        for round_ in range(3):
+            for i in range(3):  # three values wait unread while the last is still held
+                writer.write(np.full(mib, 10 * round_ + i, np.uint8))
+            for i in range(3):  # none was overwritten while it waited, or while one was held
+                got = reader.read(timeout=5)
+                assert int(got.min()) == int(got.max()) == 10 * round_ + i
+        reader.release()
         detach_all(writer, reader)
 
 
@@ -695,7 +742,7 @@ def test_large_values_around_a_cycle_do_not_deadlock(server, tag):
         writer, reader = open_endpoint(there.writer_handle()), open_endpoint(back.reader_handle())
         for i in range(4):
             writer.write(big + i, timeout=30)
-        got = [reader.read(timeout=30) for _ in range(4)]
+        got = [reader.read(timeout=30, copy=True) for _ in range(4)]
         assert finish(proc, out) == 4
         for i, value in enumerate(got):
             assert np.array_equal(value, (big + i) * 2)
