@@ -363,6 +363,19 @@ def run_checks() -> None:
     report("arrays", ok=bool(ok), writable=bool(outs[0][0].flags.writeable))
     compiled.teardown()
 
+    with InputNode() as inp:  # b's array read by the driver and by a: it lands in a relay on the head
+        x = b.scale.bind(inp, 1)
+        dag = MultiOutputNode([x, a.scale.bind(x, 2)])
+    compiled = cgraph.compile(dag, max_inflight_executions=4)
+    refs = [compiled.execute(arr + i) for i in range(4)]
+    outs = [r.get(timeout=120) for r in reversed(refs)][::-1]  # three wait buffered, then more run
+    later = [compiled.execute(arr - i).get(timeout=120) for i in range(1, 5)]
+    report("relay_to_driver", kinds=sorted(s.kind.name for s in compiled.planned.plan.channels),
+           ok=bool(all(np.array_equal(o[0], arr + i) and np.array_equal(o[1], (arr + i) * 2)
+                       for i, o in enumerate(outs))),
+           later=bool(all(np.array_equal(o[0], arr - i) for i, o in enumerate(later, 1))))
+    compiled.teardown()
+
     check_shared_memory_on_node2(a, b, c)
     check_tls(a, b, c)
 

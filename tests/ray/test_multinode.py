@@ -35,6 +35,14 @@ def test_large_arrays_fan_out_across_and_within_node2(checks):
     assert checks["arrays"] == {"ok": True, "writable": True}
 
 
+def test_driver_results_that_a_relay_lands_outlive_the_executions_after_them(checks):
+    """An output the driver reads beside an actor of its node crosses once, into a relay's
+    shared memory: the driver's values are copies, not views of a slot reused later."""
+    entry = checks["relay_to_driver"]
+    assert "CROSS_NODE" in entry["kinds"], entry
+    assert entry["ok"] and entry["later"], entry
+
+
 def test_two_actors_of_a_worker_node_share_memory_made_there(checks):
     entry = checks["node_shm"]
     assert entry["kinds"] == {"n0>a.xnode": "CROSS_NODE", "n1.shm": "SHM",
