@@ -31,7 +31,8 @@ GB/s here, into a reused buffer 1.7 GB/s (docs/design-notes.md, "Cross-node
 receive buffers"). ``read()`` returns a zero-copy value (numpy arrays
 read-only, as on shared memory) valid until ``release()``, which gives its
 buffer back; ``read(copy=True)`` hands the buffer itself to the caller (no copy:
-the value outlives ``release()``) and the next value gets a new one. At most
+the value outlives ``release()``) and the next value gets a new one; a value
+under 256 KiB is copied out instead (a small copy costs less than a new mapping). At most
 ``max_inflight`` values wait unread and one is read and not released, so
 ``max_inflight + 1`` buffers are kept; the receiving thread never waits for a
 buffer (it takes a new one if none is free): a writer in the middle of a value
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
 FRAME = struct.Struct("<Q")  # value size in bytes, then that many bytes of slot layout
 MAX_PENDING = 16  # handshakes in progress on one listener
 _MIN_BUFFER = 1 << 20  # a receive buffer's least size: only the pages a value touches are committed
+_HAND_OVER = 256 << 10  # read(copy=True) of a value this large hands its buffer over; smaller: copied
 
 
 class _EndOfStream(Exception):
@@ -127,8 +129,12 @@ class SocketReader(Endpoint, ChannelReader):
                 self._arrival.wait(wait)
             body, size = self._arrived.popleft()
         self._credit()
-        if copy:
+        if copy and size >= _HAND_OVER:  # the buffer itself becomes the value's memory
             return loads(memoryview(body)[:size], writable=True)
+        if copy:  # a small value: one small copy, cheaper than mapping a new buffer
+            private = bytearray(memoryview(body)[:size])
+            self._give_back(body)
+            return loads(memoryview(private), writable=True)
         self._lent = body
         return loads(memoryview(body)[:size])
 
@@ -148,9 +154,12 @@ class SocketReader(Endpoint, ChannelReader):
         the value was read); idempotent."""
         lent, self._lent = self._lent, None
         if lent is not None:
-            with self._arrival:
-                if len(self._free) < self._handle.max_inflight + 1:
-                    self._free.append(lent)
+            self._give_back(lent)
+
+    def _give_back(self, body: mmap.mmap) -> None:
+        with self._arrival:
+            if len(self._free) < self._handle.max_inflight + 1:
+                self._free.append(body)
 
     def detach(self) -> None:
         """Stop the receiving thread, then close this end's sockets."""

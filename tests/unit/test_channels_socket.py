@@ -251,6 +251,13 @@ def test_values_read_with_copy_are_private_and_writable(server, tag):
         assert a[0] == 0.0 and t[0] == 0.0
         assert got["a"].flags.writeable and got["t"].tolist() == [1.0, 2.0, 3.0, 4.0]
         assert got["a"].tolist() == [9.0, 1.0, 2.0, 3.0]
+        big = np.full(1 << 20, 1, np.uint8)  # large: its receive buffer is handed over
+        writer.write(big)
+        kept = reader.read(timeout=5, copy=True)
+        for fill in (2, 3):  # the buffers after it never touch it
+            writer.write(np.full(1 << 20, fill, np.uint8))
+            assert int(reader.read(timeout=5).max()) == fill
+        assert kept.flags.writeable and int(kept.min()) == int(kept.max()) == 1
         detach_all(writer, reader)
 
 
