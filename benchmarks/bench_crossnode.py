@@ -38,6 +38,7 @@ the systems' software overhead, not a network (see NOTES in the results).
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import re
 import select
@@ -112,6 +113,7 @@ SYSTEMS = ("cgraph", "ray_cgraph")
 RAW = "raw_tcp"  # the hops' physical reference: a plain TCP stream between the same two actors
 ECHO_TARGET = 0.32  # cgraph's cross-node echo median at most this times Ray CG's
 RAW_TARGET = 0.70  # cgraph's cross-node GB/s at 16 and 64 MiB at least this share of raw TCP's
+RAW_REPEAT = 3  # raw TCP rounds per round of the others, each on fresh actors
 TLS_SYSTEMS = ("cgraph", "cgraph+tls")
 LABELS = {"cgraph": "cgraph", "ray_cgraph": "Ray Compiled Graphs", "cgraph+tls": "cgraph + TLS",
           RAW: "raw TCP (reference)"}
@@ -168,12 +170,18 @@ NOTES = [
     "**The raw TCP reference** (`raw TCP (reference)` rows): the same two actors as each "
     "hop layout, fresh, with one plain TCP connection between them (no cgraph, no Ray, "
     "no framing): A sends its prepared array and B receives it into a buffer it reuses "
-    "for that size, both as cgraph's channel does (non-blocking sockets, `TCP_NODELAY`, "
-    "`send` / `recv_into` as far as the socket allows, then `poll`; a blocking `sendall` "
-    "moved 1.7-2.2 GB/s at 64 MiB here against 3.2-3.6 this way), and B sends one byte "
+    "for that size, both as cgraph's channel does: non-blocking sockets, `TCP_NODELAY`, "
+    "`send` / `recv_into` as far as the socket allows, then `poll` (a blocking `sendall` "
+    "moved 1.7-2.2 GB/s at 64 MiB here, against 3.2-3.6 this way), into an anonymous "
+    "mapping (into a numpy array from `np.empty` the same stream moved 1.4-1.65 GB/s at "
+    "64 MiB, into a mapping 2.1-3.2, four pairs of fresh actors each). B sends one byte "
     "back, one value at a time, with the hop graphs' sizes, warm-up and counts. It is the "
     "floor a one-value-at-a-time hop pays on this machine (one copy into the kernel, one "
-    "out), without the hop graph's two small driver hops.",
+    "out), without the hop graph's two small driver hops. It runs 3 rounds (fresh actors "
+    "each) per round of the others: on two vCPUs its throughput depends on whether the "
+    "kernel runs sender and receiver on one core or on both, and a standalone run of the "
+    "same code between two Ray actors moved between 1.45 and 4.29 GB/s at 64 MiB from one "
+    "pair of fresh actors to the next. Read the round medians beside the pooled median.",
     "The hop layouts time the whole execution driver -> A -> B -> driver; only A -> B "
     "carries the array (A returns a preallocated array, B returns (nbytes, last byte)). "
     "The 8-byte row is the same graph with an 8-byte array: the layout's fixed cost "
@@ -258,7 +266,7 @@ class Node:
             _raw_socket(conn)
             received = 0
             for size, count in plan:
-                view = memoryview(np.empty(size, dtype=np.uint8))
+                view = memoryview(mmap.mmap(-1, size + size // 4))[:size]  # as cgraph's buffers
                 for _ in range(count):
                     _raw_recv_into(conn, view)
                     received += int(view[-1] == size % 251)
@@ -709,12 +717,13 @@ def measure_layouts(layouts: list[Layout], systems: tuple[str, ...], s: Settings
                 if system in CGRAPH_TLS and gate or (done and done[-1]["status"] != "ok"):
                     continue
                 env = tls_env if CGRAPH_TLS.get(system) else None
-                if system == RAW:
-                    run = measure_raw(layout, s, node_ids, sizes)
+                if system == RAW:  # seconds a round, and placement noise: RAW_REPEAT rounds
+                    runs_now = [measure_raw(layout, s, node_ids, sizes) for _ in range(RAW_REPEAT)]
                 else:
-                    run = measure_layout(system, layout, s, node_ids, sizes, env)
-                done.append(run)
-                log_entry(layout, system, r, run)
+                    runs_now = [measure_layout(system, layout, s, node_ids, sizes, env)]
+                for run in runs_now:
+                    done.append(run)
+                    log_entry(layout, system, r, run)
     out: dict[str, Any] = {}
     for layout in layouts:
         entries = {}

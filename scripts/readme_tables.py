@@ -141,21 +141,24 @@ def crossnode(data: dict[str, Any]) -> str:
     echo = sections["echo"]["layouts"]["echo_cross"]["systems"]
     hops = sections["hops"]["layouts"]
     rows = [["echo, driver to an actor on the other node (µs)",
-             num(echo["cgraph"]["median_us"]), num(echo["ray_cgraph"]["median_us"])]]
+             num(echo["cgraph"]["median_us"]), num(echo["ray_cgraph"]["median_us"]), "-"]]
     cross = hops["hop_cross"]["systems"]
+    systems = [s for s in ("cgraph", "ray_cgraph", "raw_tcp") if "sizes" in cross.get(s, {})]
     sizes = sorted(cross["cgraph"]["sizes"], key=int)[1:]  # the first is the 8-byte control
     rows.append([f"{' / '.join(str(int(n) >> 20) for n in sizes)} MiB hop across nodes (GB/s)"] + [
-        " / ".join(f"{cross[s]['sizes'][n]['gbps']:.2f}" for n in sizes) for s in ("cgraph", "ray_cgraph")])
+        " / ".join(f"{cross[s]['sizes'][n]['gbps']:.2f}" for n in sizes) for s in systems])
     worker = hops["hop_worker"]["systems"]
     rows.append(["16 MiB hop within the other node (ms)"] + [
-        num(worker[s]["sizes"][str(16 << 20)]["median_us"] / 1e3, 2) for s in ("cgraph", "ray_cgraph")])
+        num(worker[s]["sizes"][str(16 << 20)]["median_us"] / 1e3, 2) for s in ("cgraph", "ray_cgraph")] + ["-"])
     tls = {row["measure"]: row["ratio"] for row in sections["tls"]["summary"]}
     return "\n".join([
         heading("Across nodes", "bench_crossnode.py", "crossnode.md",
                 "two Ray nodes on one machine (loopback: software overhead, not a network); "
                 f"medians. `tls=True` costs {tls['echo across nodes, median']:.2f}x on the echo "
-                f"and {tls['16 MiB hop across nodes, median']:.2f}x on a 16 MiB hop."),
-        table(["measure", "cgraph", "Ray CG"], rows),
+                f"and {tls['16 MiB hop across nodes, median']:.2f}x on a 16 MiB hop. Raw TCP: the "
+                "same two actors over one plain TCP connection, copying as the channel does "
+                "(the wire's floor)."),
+        table(["measure", "cgraph", "Ray CG", "raw TCP"], [row + ["-"] * (4 - len(row)) for row in rows]),
     ])
 
 

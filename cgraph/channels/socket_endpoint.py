@@ -74,6 +74,7 @@ class Endpoint:
         # receiving thread reads the data socket while its user sends credits on it:
         # every call on the data socket's TLS state holds this lock.
         self._io = threading.Lock()
+        self._ctl_lock = threading.Lock()  # a reader's two threads both watch the control socket
         self._buf = b""
         self._ctl = _dial(handle, handle.role)
         _LIVE.add(self)
@@ -104,6 +105,10 @@ class Endpoint:
 
     def _poll_control(self) -> bool:
         """Take in what the server sent, without waiting; True once closed (or detached)."""
+        with self._ctl_lock:
+            return self._take_control()
+
+    def _take_control(self) -> bool:
         while not (self._closed or self._detached):
             try:
                 data = self._ctl.recv(4096)

@@ -97,6 +97,7 @@ class SocketReader(Endpoint, ChannelReader):
         self._arrival = threading.Condition()  # also guards the two below
         self._free: list[mmap.mmap] = []  # receive buffers to reuse, the most recent last
         self._lent: mmap.mmap | None = None  # the buffer of the value read, until release()
+        self._frame = threading.Lock()  # held by the thread receiving a frame (either one)
         self._ended: BaseException | None = None  # how the writer's stream ended
         host = self._ctl.getsockname()[0]  # the address this host reaches the owner from
         try:
@@ -118,16 +119,7 @@ class SocketReader(Endpoint, ChannelReader):
         valid until ``release()``; with ``copy=True`` the buffer is the caller's (no copy)."""
         self.release()
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._arrival:
-            while not self._arrived or self._closed or self._detached:
-                if self._closed or self._detached or self._ended is not None:
-                    raise self._closed_error(self._ended if not self._closed else None)
-                wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
-                if wait <= 0:
-                    why = "no value has arrived" if self._data else "its writer has not written yet"
-                    raise self._timeout(timeout, why)
-                self._arrival.wait(wait)
-            body, size = self._arrived.popleft()
+        body, size = self._next(deadline, timeout)
         self._credit()
         if copy and size >= _HAND_OVER:  # the buffer itself becomes the value's memory
             return loads(memoryview(body)[:size], writable=True)
@@ -137,6 +129,42 @@ class SocketReader(Endpoint, ChannelReader):
             return loads(memoryview(private), writable=True)
         self._lent = body
         return loads(memoryview(body)[:size])
+
+    def _next(self, deadline: float | None, timeout: float | None) -> tuple[mmap.mmap, int]:
+        """The next value's buffer and size: one the receiving thread took in, or, when none
+        waits and no frame is being received, the next frame received here (one wake-up, in
+        the thread that wants the value, instead of two)."""
+        while True:
+            with self._arrival:
+                if self._closed or self._detached:
+                    raise self._closed_error()
+                if self._arrived:  # values that came before the stream ended are read first
+                    return self._arrived.popleft()
+                if self._ended is not None:
+                    raise self._closed_error(self._ended)
+            wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if wait <= 0:
+                why = "no value has arrived" if self._data else "its writer has not written yet"
+                raise self._timeout(timeout, why)
+            direct = self._sink is None and self._data is not None and self._frame.acquire(blocking=False)
+            if not direct:  # before the writer connected, or the receiving thread is mid-frame
+                with self._arrival:
+                    if not self._arrived:
+                        self._arrival.wait(wait)
+                continue
+            try:
+                with self._arrival:
+                    if self._arrived:  # the receiving thread took it in first
+                        return self._arrived.popleft()
+                if self._wait(self._data, select.POLLIN, time.monotonic() + wait):
+                    got = self._take_frame()
+                    if got is not None:
+                        return got
+            except _EndOfStream as exc:
+                self._ended = exc
+                raise self._closed_error(exc) from None
+            finally:
+                self._frame.release()
 
     def _credit(self) -> None:
         """One credit byte back to the writer (under ``_io``: the receiving thread may be
@@ -179,23 +207,15 @@ class SocketReader(Endpoint, ChannelReader):
         try:
             self._data = self._admit_writer()
             for count in itertools.count():
-                if self._sink is not None:
-                    self._reserve(count)
+                if self._sink is None:
+                    self._take_in()
+                    continue
+                self._reserve(count)
                 header = bytearray(FRAME.size)
                 self._recv_into(memoryview(header), idle_ok=True)
-                size = FRAME.unpack(header)[0]
-                if size > self._handle.max_value_bytes:
-                    raise _EndOfStream(f"it announced a value of {size} bytes, over this "
-                                       f"channel's max_value_bytes={self._handle.max_value_bytes}")
-                if self._sink is not None:
-                    self._sink.fill(size, functools.partial(self._recv_value, size))
-                    self._held = 0
-                else:
-                    body = self._buffer(size)
-                    self._recv_into(memoryview(body)[:size], idle_ok=False)
-                    with self._arrival:
-                        self._arrived.append((body, size))
-                        self._arrival.notify()
+                size = self._size(header)
+                self._sink.fill(size, functools.partial(self._recv_value, size))
+                self._held = 0
                 self._midframe = False
         except ChannelClosedError:
             pass  # CLOSED, or detached: the flags say so
@@ -203,6 +223,47 @@ class SocketReader(Endpoint, ChannelReader):
             self._ended = exc
         finally:
             self._end_stream()
+
+    def _take_in(self) -> None:
+        """Wait for the next frame's first bytes, then take the frame in, unless the reader
+        took it first (``_next``): the frame lock keeps whole frames in stream order, and a
+        frame this thread takes is queued before the lock is let go."""
+        assert self._data is not None
+        self._wait(self._data, select.POLLIN, None)
+        with self._frame:
+            got = self._take_frame()
+            if got is not None:
+                with self._arrival:
+                    self._arrived.append(got)
+                    self._arrival.notify()
+
+    def _take_frame(self) -> tuple[mmap.mmap, int] | None:
+        """The next frame (under the frame lock), or None if no byte of it is here yet."""
+        sock, header = self._data, bytearray(FRAME.size)
+        assert sock is not None
+        try:
+            with self._io:
+                got = sock.recv_into(header)
+        except WOULD_BLOCK:
+            return None
+        except OSError as exc:
+            raise _EndOfStream(exc) from None
+        if got == 0:
+            raise _EndOfStream("end of stream")
+        self._midframe = True
+        self._recv_into(memoryview(header)[got:], idle_ok=False)
+        size = self._size(header)
+        body = self._buffer(size)
+        self._recv_into(memoryview(body)[:size], idle_ok=False)
+        self._midframe = False
+        return body, size
+
+    def _size(self, header: bytearray) -> int:
+        size: int = FRAME.unpack(header)[0]
+        if size > self._handle.max_value_bytes:
+            raise _EndOfStream(f"it announced a value of {size} bytes, over this "
+                               f"channel's max_value_bytes={self._handle.max_value_bytes}")
+        return size
 
     def _buffer(self, size: int) -> mmap.mmap:
         """A receive buffer of at least ``size`` bytes: the most recently freed one, or a new
