@@ -38,6 +38,13 @@ under 256 KiB is copied out instead (a small copy costs less than a new mapping)
 buffer (it takes a new one if none is free): a writer in the middle of a value
 larger than the socket buffers never waits for the reader's *user*, so a cycle
 of such edges cannot deadlock.
+
+Who receives. A ``read()`` that finds no value queued receives the next frame
+itself, under a frame lock that keeps whole frames in stream order; meanwhile the
+receiving thread waits on the reader's condition instead of on the socket (two
+threads woken by one frame cost the reader a wake-up), and looks again each
+``POLL_S``, so a value that arrives while the user computes is drained all the
+same (docs/design-notes.md).
 """
 
 from __future__ import annotations
@@ -98,6 +105,7 @@ class SocketReader(Endpoint, ChannelReader):
         self._free: list[mmap.mmap] = []  # receive buffers to reuse, the most recent last
         self._lent: mmap.mmap | None = None  # the buffer of the value read, until release()
         self._frame = threading.Lock()  # held by the thread receiving a frame (either one)
+        self._reading = False  # the reader's thread is in read(), receiving frames itself
         self._ended: BaseException | None = None  # how the writer's stream ended
         host = self._ctl.getsockname()[0]  # the address this host reaches the owner from
         try:
@@ -134,6 +142,13 @@ class SocketReader(Endpoint, ChannelReader):
         """The next value's buffer and size: one the receiving thread took in, or, when none
         waits and no frame is being received, the next frame received here (one wake-up, in
         the thread that wants the value, instead of two)."""
+        self._reading = True  # the receiving thread stays out of the way (``_take_in``)
+        try:
+            return self._next_value(deadline, timeout)
+        finally:
+            self._reading = False
+
+    def _next_value(self, deadline: float | None, timeout: float | None) -> tuple[mmap.mmap, int]:
         while True:
             with self._arrival:
                 if self._closed or self._detached:
@@ -192,6 +207,8 @@ class SocketReader(Endpoint, ChannelReader):
     def detach(self) -> None:
         """Stop the receiving thread, then close this end's sockets."""
         self._detached = True
+        with self._arrival:
+            self._arrival.notify_all()  # a receiving thread that stayed out of the way ends now
         for sock in (self._ctl, self._data):
             try:
                 if sock is not None:
@@ -206,6 +223,8 @@ class SocketReader(Endpoint, ChannelReader):
     def _receive(self) -> None:
         try:
             self._data = self._admit_writer()
+            with self._arrival:
+                self._arrival.notify_all()  # a reader waiting for the writer receives now
             for count in itertools.count():
                 if self._sink is None:
                     self._take_in()
@@ -229,6 +248,10 @@ class SocketReader(Endpoint, ChannelReader):
         took it first (``_next``): the frame lock keeps whole frames in stream order, and a
         frame this thread takes is queued before the lock is let go."""
         assert self._data is not None
+        with self._arrival:  # the reader waits in read(): it takes the frame itself, and two
+            # threads woken by one frame cost the reader a wake-up's worth of latency
+            while self._reading and not (self._closed or self._detached):
+                self._arrival.wait(POLL_S)
         self._wait(self._data, select.POLLIN, None)
         with self._frame:
             got = self._take_frame()
