@@ -21,7 +21,7 @@ With ``--nodes N`` (2 or 3) the cluster is ``ray.cluster_utils.Cluster`` nodes o
 machine (``soak_nodes.py``), the actors are spread over them, some values are torch tensors
 on communicator edges (gloo), and the faults are those across nodes: kill9 (of an actor
 off the head), sigstop, node_removed (``cluster.remove_node`` of a worker node that holds
-an actor, mid-execution), comm_raises (a user communicator's send raises in one
+an actor, and its actors' processes killed with it, inside a method of that node), comm_raises (a user communicator's send raises in one
 execution), driver_exit, and stranger (a party without the secret at every listening
 socket of the graph).
 
@@ -158,7 +158,8 @@ def fault_plan(rng: random.Random, fault: str, spec: Any, actors: list[Any], pid
         seconds = rng.choice((0.0, 0.0, rng.uniform(0.01, 0.3)))
         if fault == "node_removed" and NODES is not None:
             lost = where[rng.choice(off_head)] if off_head else rng.randrange(1, NODES.n)
-            injector.call, injector.pid = (lambda: NODES.remove(lost)), -lost  # -k: node k
+            on_node = [pids[a] for a in range(len(pids)) if where[a] == lost]
+            injector.call, injector.pid = (lambda: NODES.remove(lost, on_node)), -lost  # -k: node k
             on_lost = [n for n in spec.nodes if where[n.actor] == lost]
             if on_lost:  # the node is lost inside a method of execution ``at``: a waiter for
                 # sure (executions take ~1 ms, a node's removal longer: it could miss them all)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import signal
 import socket
 import threading
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -48,9 +50,16 @@ class Nodes:
     def address(self) -> str:
         return str(self.cluster.address)
 
-    def remove(self, k: int) -> None:
-        """Kill worker node ``k``: its raylet and every process on it, no grace."""
+    def remove(self, k: int, pids: Iterable[int] = ()) -> None:
+        """Kill worker node ``k``: its raylet and every process on it, no grace, as a machine
+        that dies. ``pids``: its actors' processes, killed with it (a worker whose raylet was
+        killed exits only once it notices, seconds later on a loaded machine)."""
         self.cluster.remove_node(self.workers.pop(k), allow_graceful=False)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def restore(self) -> None:
         """Add back every worker node that is missing (a removed one, a fresh one)."""
