@@ -71,7 +71,7 @@ def held() -> dict[str, object]:
 
 def one_cycle(i: int, address: str | None) -> list[object]:
     if address is None:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # never another script's cluster
     else:
         ray.init(address=address, log_to_driver=False)
     far = {} if address is None else {"resources": {"far": 0.01}}  # on the cluster's second node

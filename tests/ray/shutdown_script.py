@@ -20,7 +20,7 @@ class Adder:
 
 
 def main() -> None:
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)  # never another script's cluster
     a, b = Adder.remote(), Adder.remote()
     with InputNode() as inp:
         dag = b.add.bind(a.add.bind(inp))
