@@ -105,7 +105,7 @@ class SocketReader(Endpoint, ChannelReader):
         self._free: list[mmap.mmap] = []  # receive buffers to reuse, the most recent last
         self._lent: mmap.mmap | None = None  # the buffer of the value read, until release()
         self._frame = threading.Lock()  # held by the thread receiving a frame (either one)
-        self._reading = False  # the reader's thread is in read(), receiving frames itself
+        self._reading = False  # the reader's thread waits in read() to receive a frame itself
         self._ended: BaseException | None = None  # how the writer's stream ended
         host = self._ctl.getsockname()[0]  # the address this host reaches the owner from
         try:
@@ -142,13 +142,6 @@ class SocketReader(Endpoint, ChannelReader):
         """The next value's buffer and size: one the receiving thread took in, or, when none
         waits and no frame is being received, the next frame received here (one wake-up, in
         the thread that wants the value, instead of two)."""
-        self._reading = True  # the receiving thread stays out of the way (``_take_in``)
-        try:
-            return self._next_value(deadline, timeout)
-        finally:
-            self._reading = False
-
-    def _next_value(self, deadline: float | None, timeout: float | None) -> tuple[mmap.mmap, int]:
         while True:
             with self._arrival:
                 if self._closed or self._detached:
@@ -171,6 +164,9 @@ class SocketReader(Endpoint, ChannelReader):
                 with self._arrival:
                     if self._arrived:  # the receiving thread took it in first
                         return self._arrived.popleft()
+                # only while waiting here (not for a read with no time to wait: values read
+                # that way are the receiving thread's to take in) it stays out of the way
+                self._reading = True
                 if self._wait(self._data, select.POLLIN, time.monotonic() + wait):
                     got = self._take_frame()
                     if got is not None:
@@ -179,6 +175,7 @@ class SocketReader(Endpoint, ChannelReader):
                 self._ended = exc
                 raise self._closed_error(exc) from None
             finally:
+                self._reading = False
                 self._frame.release()
 
     def _credit(self) -> None:
