@@ -44,11 +44,12 @@ class ChannelReader(ABC):
     """A reading end of a channel."""
 
     @abstractmethod
-    def read(self, timeout: float | None = None) -> UserValue:
+    def read(self, timeout: float | None = None, copy: bool = False) -> UserValue:
         """Return the next value, waiting for it; releases the previous one first.
 
-        A zero-copy value (array views into shared memory) is valid until
-        ``release()``; copy what must outlive it.
+        A zero-copy value (array views into shared memory or a receive buffer) is valid
+        until ``release()``; ``copy=True`` returns one that outlives it (a reader whose
+        values are never views of its memory ignores it).
 
         Raises:
             ChannelClosedError: the channel was closed (before or while waiting).

@@ -156,7 +156,8 @@ class IntraReader(ChannelReader):
         self.index = index
         self._holding = False
 
-    def read(self, timeout: float | None = None) -> UserValue:
+    def read(self, timeout: float | None = None, copy: bool = False) -> UserValue:
+        """The next value (``copy`` changes nothing: values are never views of a slot)."""
         self.release()
         value = self.channel.get(self.index, timeout)
         self._holding = True

@@ -21,16 +21,18 @@ STARTING = frozenset({UNREGISTERED, "DEPENDENCIES_UNREADY", "PENDING_CREATION", 
 """The states of an actor that cannot answer a call yet, and will."""
 
 
-NOT_IN_TABLE = "the actor was not in the GCS actor table"
+class _Unreadable(Exception):  # noqa: N818 - never leaves this module
+    """The table could not be read (Ray not connected, the private API changed)."""
 
 
-def actor_entry(handle: ActorHandle, wait_s: float = 0.0) -> tuple[RayObject, str]:
-    """The actor's GCS table entry (``gcs_pb2.ActorTableData``) or None, and how it was read.
+def _read(handle: ActorHandle, wait_s: float) -> RayObject:
+    """The actor's entry, or None if it is not in the table within ``wait_s``.
 
-    An actor created a moment ago may not be registered yet (its creation is
-    asynchronous; under load it takes a while): wait up to ``wait_s`` for its entry."""
+    Raises:
+        _Unreadable: the table could not be read.
+    """
     if not ray.is_initialized():
-        return None, "Ray is not connected"
+        raise _Unreadable("Ray is not connected")
     try:  # a private API: degrade to unknown rather than fail the compile
         from ray._private.state import state
         from ray.core.generated import gcs_pb2
@@ -40,19 +42,34 @@ def actor_entry(handle: ActorHandle, wait_s: float = 0.0) -> tuple[RayObject, st
         while info is None and time.monotonic() < deadline:
             time.sleep(0.05)
             info = accessor.get_actor_info(handle._actor_id)
-        if info is None:
-            return None, f"{NOT_IN_TABLE} within {wait_s:g} s"
-        return gcs_pb2.ActorTableData.FromString(info), "the GCS actor table"  # type: ignore[attr-defined]
+        return None if info is None else gcs_pb2.ActorTableData.FromString(info)  # type: ignore[attr-defined]
     except Exception as e:  # noqa: BLE001
-        return None, f"the GCS actor table is unreadable: {e}"
+        raise _Unreadable(f"the GCS actor table is unreadable: {e}") from e
+
+
+def actor_entry(handle: ActorHandle, wait_s: float = 0.0) -> tuple[RayObject, str]:
+    """The actor's GCS table entry (``gcs_pb2.ActorTableData``) or None, and how it was read.
+
+    An actor created a moment ago may not be registered yet (its creation is
+    asynchronous; under load it takes a while): wait up to ``wait_s`` for its entry."""
+    try:
+        entry = _read(handle, wait_s)
+    except _Unreadable as e:
+        return None, str(e)
+    if entry is None:
+        return None, f"the actor was not in the GCS actor table within {wait_s:g} s"
+    return entry, "the GCS actor table"
 
 
 def actor_state(handle: ActorHandle) -> str | None:
     """``"ALIVE"``, one of ``STARTING`` (``UNREGISTERED`` where the table has no entry for it
     yet), ``"DEAD"``, or None where the table cannot be read."""
-    entry, how = actor_entry(handle)
+    try:
+        entry = _read(handle, 0.0)
+    except _Unreadable:
+        return None
     if entry is None:
-        return UNREGISTERED if how.startswith(NOT_IN_TABLE) else None
+        return UNREGISTERED
     from ray.core.generated import gcs_pb2
 
     return str(gcs_pb2.ActorTableData.ActorState.Name(entry.state))  # type: ignore[attr-defined]

@@ -48,7 +48,7 @@ import pickle
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 from cgraph import _threads
 from cgraph._boundary import UserValue
@@ -151,29 +151,27 @@ class CommState:
         Raises:
             ChannelClosedError: the control closed first.
         """
-        made: dict[str, Communicator | BaseException] = {}
+        made: Future[Communicator] = Future()
         woken = threading.Event()
         closed = self.faults.watch(name, group, on_close=woken.set)
         if closed is None:  # no control to watch (a bare test harness): make it here
-            made["comm"] = open_group(group)
+            made.set_result(open_group(group))
         else:
             def make() -> None:
                 try:
-                    made["comm"] = open_group(group)
+                    made.set_result(open_group(group))
                 except BaseException as exc:  # noqa: BLE001 - raised below, in the loop's thread
-                    made["error"] = exc
+                    made.set_exception(exc)
                 woken.set()
 
             _threads.start(make, f"cgraph-open-{name}")
             woken.wait()
-        comm = made.get("comm")
-        if isinstance(comm, Communicator):
-            self.faults.adopt(name, comm)
-            return comm
-        if isinstance(made.get("error"), BaseException):
-            raise cast(BaseException, made["error"])
-        raise ChannelClosedError(f"communicator group {name} was closed (teardown or a failure) while "
-                                 f"actor {self.ctx.program.label} was making it")
+        if not made.done():
+            raise ChannelClosedError(f"communicator group {name} was closed (teardown or a failure) while "
+                                     f"actor {self.ctx.program.label} was making it")
+        comm = made.result()  # or its making's error
+        self.faults.adopt(name, comm)
+        return comm
 
     def run(self, op: Op, comm: Communicator, body: Body) -> UserValue | Pending:
         """Run ``body`` for ``op``: inline without a comm thread; with one, on it (a

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from cgraph._boundary import UserValue
 from cgraph.channels.intra_channel import IntraChannel, IntraHandle
-from cgraph.channels.relay import RelayHandle, RelayReader
-from cgraph.channels.shm_channel import ShmChannel, ShmHandle, ShmReader
-from cgraph.channels.socket_reader import SocketReader
+from cgraph.channels.relay import RelayHandle
+from cgraph.channels.shm_channel import ShmChannel, ShmHandle
 from cgraph.errors import ChannelClosedError, CompileError
 from cgraph.ir import DRIVER
 from cgraph.runtime.node_channels import RemoteShm
@@ -289,10 +288,7 @@ class CopyingReader:
     def __init__(self, reader: ChannelReader) -> None:
         self._reader = reader
         # the reader's own methods, bound once: one Python frame less per read and release
-        if isinstance(reader, ShmReader | SocketReader | RelayReader):
-            self.read: Callable[..., UserValue] = functools.partial(reader.read, copy=True)
-        else:
-            self.read = reader.read  # in-process values are never views of a slot
+        self.read: Callable[..., UserValue] = functools.partial(reader.read, copy=True)
         self.release: Callable[[], None] = reader.release
 
     def close(self) -> None:
