@@ -164,6 +164,7 @@ def plan_dag(
     dag: RayObject,
     *,
     overlap: bool = False,
+    ahead: bool = False,
     default_communicator: str | UserValue | None = None,
     check: bool = True,
     locate: Callable[[FrontEnd], Graph] | None = None,
@@ -173,6 +174,7 @@ def plan_dag(
     Args:
         dag: the root of a Ray DAG (a ``MultiOutputNode`` or one bound call).
         overlap: run the overlap pass (GPU communication overlaps compute).
+        ahead: with ``overlap``, run the ahead pass (receives of the next execution early).
         default_communicator: transport for communicator edges the actors cannot
             serve themselves: a name (``"cpu"``, ``"gloo"``, ``"nccl"``) or a communicator
             object, registered as ``custom:<Class>`` like per-edge ones.
@@ -200,7 +202,7 @@ def plan_dag(
     if dump is not None:
         _log_pass("read_dag", front.graph)
     planned = plan_schedule(
-        front.graph, overlap=overlap, check=check, default_communicator=default,
+        front.graph, overlap=overlap, ahead=ahead, check=check, default_communicator=default,
         customs=tuple(front.communicators), dump=dump,
     )
     return front, planned
@@ -237,6 +239,7 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     max_buffered_results: int = 1000, on_full: str = "raise",
     max_value_bytes: int = 16 << 30, tls: bool | None = None, timeline: bool | None = None,
     timeline_executions: int = 100, teardown_timeout: float = 30.0, auto_executions: int = 5,
+    run_ahead: bool = False,
 ) -> CompiledGraph:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
@@ -272,6 +275,9 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         timeline_executions: how many of the latest executions each actor keeps.
         teardown_timeout: seconds ``teardown()`` waits for the actor loops to end.
         auto_executions: ``"auto"`` decides after this many executions.
+        run_ahead: with ``overlap_gpu_communication=True`` and several executions in
+            flight, an actor begins receiving execution i+1's values while execution i
+            computes (the receives that lead its comm queue: ``+1`` in the schedule).
 
     Returns:
         A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,
@@ -306,6 +312,7 @@ def _plan(dag: RayObject, options: CompileOptions, locate: Callable[[FrontEnd], 
     front, planned = plan_dag(
         dag,
         overlap=bool(options.overlap_gpu_communication),  # "auto" plans both schedules
+        ahead=options.run_ahead,
         default_communicator=options.default_communicator,
         locate=locate,
     )

@@ -48,6 +48,7 @@ import pickle
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from cgraph import _threads
@@ -84,6 +85,7 @@ class LoopContext(Protocol):
     program: ActorProgram
     execution: int
     values: dict[str, UserValue]  # this execution's values (a Pending while in flight)
+    ahead_values: dict[str, UserValue]  # the next execution's, received ahead (``ahead.py``)
     recorder: Recorder | None
     comm_state: CommState | None  # made by the first comm op (``comm_state``)
     end_hooks: list[Callable[[], None]]
@@ -120,6 +122,7 @@ class CommState:
         self.comms: dict[str, Communicator] = {}
         self.encoded: dict[str, Encoded | ErrorValue] = {}
         self.futures: list[Future[tuple[UserValue, list[torch.Tensor], object]]] = []
+        self.next_futures: list[Future[tuple[UserValue, list[torch.Tensor], object]]] = []  # RECVs ahead
         self.sends: list[Pending] = []  # Pendings of SENDs on the comm stream not yet fenced
         self.writers: dict[tuple[str, str], EdgeWriter] = {}
         self.readers: dict[tuple[str, str], EdgeReader] = {}
@@ -132,14 +135,14 @@ class CommState:
             self.engines[id(comm)] = streams_of(comm)
         self.writers = {k: EdgeWriter(self.comms[e.group], e.peer_rank, open_endpoint(e.side), e.hint, e.node)
                         for k, e in program.sends.items()}
-        viewable = last_link_reads(ctx.program.ops, program)
+        schedules = ctx.program.schedules or {"": ctx.program.ops}  # auto: any it may switch to
+        viewable = set.intersection(*(last_link_reads(ops, program) for ops in schedules.values()))
         self.readers = {k: EdgeReader(self.comms[e.group], e.peer_rank, open_endpoint(e.side), e.hint, e.node,
                                       view_last=k in viewable)
                         for k, e in program.recvs.items()}
         self.viewing = [r for r in self.readers.values() if r.viewer is not None]
-        if any(op.stream is Stream.COMM for op in ctx.program.ops):
-            binders = [e.bind_thread for e in self.engines.values() if not isinstance(e, InlineStreams)]
-            self.thread = ThreadPoolExecutor(1, "cgraph-comm", initializer=binders[0] if binders else None)
+        binders = [e.bind_thread for e in self.engines.values() if not isinstance(e, InlineStreams)]
+        self.binder = binders[0] if binders else None  # the comm thread's, made by the first op on the comm stream
         ctx.end_hooks.append(self.end_execution)
 
     def _open(self, name: str, group: GroupEndpoint) -> Communicator:
@@ -179,13 +182,17 @@ class CommState:
         engine = self.engines[id(comm)]
         recorder = self.ctx.recorder
         if recorder is not None and op.stream is Stream.COMM:  # timed on the thread that runs it
-            body = recorder.timed(str(op), "comm", At(self.ctx.execution), body, self._size(op))
+            owner = At(self.ctx.execution + op.ahead)
+            body = recorder.timed(str(replace(op, ahead=False)), "comm", owner, body, self._size(op))
         token = engine.mark()
         if self.thread is None:
-            return engine.join(*engine.run(token, body))
+            if op.stream is not Stream.COMM:
+                return engine.join(*engine.run(token, body))
+            # the first op of the comm stream (now, or after overlap="auto" switched to it)
+            self.thread = ThreadPoolExecutor(1, "cgraph-comm", initializer=self.binder)
         # With a comm thread, every comm op goes through it, so they keep schedule order.
         future = self.thread.submit(engine.run, token, body)
-        self.futures.append(future)
+        (self.next_futures if op.ahead else self.futures).append(future)
         pending = Pending(lambda: engine.join(*future.result()))
         if op.stream is not Stream.COMM:
             return pending.result()
@@ -214,8 +221,8 @@ class CommState:
 
     def end_execution(self) -> None:
         self.sends.clear()  # waited for below, with every other op of the execution
-        futures, self.futures = self.futures, []
-        for future in futures:
+        futures, self.futures, self.next_futures = self.futures, self.next_futures, []
+        for future in futures:  # not the RECVs issued ahead: they belong to the next execution
             future.result()
         self.encoded.clear()
         for reader in self.viewing:  # no op of this execution uses a received view any more
@@ -238,11 +245,16 @@ def last_link_reads(ops: tuple[Op, ...], program: CommProgram) -> set[tuple[str,
     later RECV from the same peer, or any later collective of the group, reads
     it again. Under ``a: RECV1<b RECV2<b C3 COLLECTIVE4[cpu]``: none of the
     RECVs (the collective reads every link of its group); without the
-    collective: RECV2.
+    collective: RECV2. A link read by a RECV issued ahead holds no view: the next
+    execution's message arrives while this one's would still be viewed.
     """
     read_later: set[tuple[str, int]] = set()
     collective_later: set[str] = set()
     last = set()
+    for op in ops:  # a link read ahead (``@comm+1``) is read while this execution's views live
+        if op.ahead:
+            edge = program.recvs[(op.node, op.peer)]
+            read_later.add((edge.group, edge.peer_rank))
     for op in reversed(ops):
         if op.kind is OpKind.COLLECTIVE:
             collective_later.add(program.collectives[op.node].group)
@@ -299,12 +311,19 @@ def handle_send(op: Op, ctx: LoopContext) -> None:
 
 
 def handle_recv(op: Op, ctx: LoopContext) -> None:
+    """Receive ``op``'s value: for this execution, or for the next one (``op.ahead``)."""
+    if op.ahead:
+        values, execution = ctx.ahead_values, ctx.execution + 1
+    elif op.node in ctx.values:  # issued ahead by the loop's start or the schedule before a switch
+        return
+    else:
+        values, execution = ctx.values, ctx.execution
     state = comm_state(ctx)
     key = (op.node, op.peer)
     reader, endpoint = state.readers[key], state.program.recvs[key]
     faults = state.faults
     site = Site(endpoint.group, f"recv of node {op.node} from {op.peer} (rank {endpoint.peer_rank})",
-                endpoint.method, ctx.execution)
+                endpoint.method, execution)
 
     def body() -> tuple[UserValue, list[torch.Tensor]]:
         if faults.failed(site.group):
@@ -321,7 +340,16 @@ def handle_recv(op: Op, ctx: LoopContext) -> None:
             faults.learn(site.group, reader.failure)
         return value, tensors
 
-    ctx.values[op.node] = state.run(op, reader.comm, body)
+    values[op.node] = state.run(op, reader.comm, body)
+
+
+def issue_ahead(ctx: LoopContext) -> None:
+    """Receive, for this execution, the values that the lane's RECVs issued ahead (``@comm+1``)
+    would have started in the execution before: at the loop's start, and after a switch
+    from a schedule that did not issue them (``ahead.py``)."""
+    for op in ctx.program.ops:
+        if op.ahead and op.node not in ctx.values:
+            handle_recv(replace(op, ahead=False), ctx)
 
 
 def handle_collective(op: Op, ctx: LoopContext) -> None:

@@ -39,6 +39,7 @@ from cgraph.runtime.comm_ops import (
     handle_collective,
     handle_recv,
     handle_send,
+    issue_ahead,
 )
 from cgraph.runtime.endpoints import forget_local
 from cgraph.runtime.error_value import ErrorValue
@@ -81,6 +82,7 @@ class Context:
         self.program = program
         self.execution = 0
         self.values: dict[str, UserValue] = {}
+        self.ahead_values: dict[str, UserValue] = {}  # the next execution's, received ahead (comm_ops)
         self.readers = {node: open_reader(h) for node, h in program.readers.items()}
         self.writers = {
             node: tuple(open_writer(h) for h in hs) for node, hs in program.writers.items()
@@ -148,6 +150,9 @@ class Context:
             reader.release()
         self.to_release.clear()
         self.values.clear()
+        if self.ahead_values:
+            self.values.update(self.ahead_values)
+            self.ahead_values.clear()
         self.execution += 1
 
     def close(self) -> None:
@@ -532,6 +537,8 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
             comm_state(ctx)
         with torch_profiling(program.torch_profiles):  # Ray's switch; a no-op otherwise
             while True:
+                if any(op.ahead for op in ctx.program.ops):  # execution 0's, or the first after a switch
+                    issue_ahead(ctx)
                 steps = [HANDLERS[op.kind](op, ctx) for op in ctx.program.ops]
                 if record:  # a loop of its own: unrecorded loops run the bare steps
                     _run_recorded(ctx, _recorded_execution(ctx, steps, where), where, switch)

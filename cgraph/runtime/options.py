@@ -23,6 +23,10 @@ class CompileOptions:
             (``compiled.overlap_decision`` says what and why).
         auto_executions: with ``overlap_gpu_communication="auto"``, how many executions
             are recorded (and read) before it decides.
+        run_ahead: with ``overlap_gpu_communication=True`` and ``max_inflight_executions
+            >= 2``, each actor's comm thread or stream begins receiving execution i+1's
+            values while execution i computes (``scheduler/ahead.py``: the receives that
+            lead an actor's comm queue and whose senders need nothing of the actor).
         max_inflight_executions: executions submitted whose results the driver
             has not yet taken from the graph's output channels, at most (one
             more raises ``CapacityError``).
@@ -64,6 +68,7 @@ class CompileOptions:
 
     overlap_gpu_communication: bool | str = False  # True | False | "auto"
     auto_executions: int = 5
+    run_ahead: bool = False  # with overlap: receives of execution i+1 begin while i computes
     max_inflight_executions: int = 10
     max_buffered_results: int = 1000
     on_full: str = "raise"  # "raise" (Ray's) | "wait": execute at capacity waits for the oldest execution
@@ -87,6 +92,15 @@ class CompileOptions:
         if self.overlap_gpu_communication not in (True, False, "auto"):
             raise ValueError("overlap_gpu_communication must be True, False or 'auto', "
                              f"got {self.overlap_gpu_communication!r}")
+        if self.run_ahead not in (True, False):
+            raise ValueError(f"run_ahead must be True or False, got {self.run_ahead!r}")
+        if self.run_ahead and self.overlap_gpu_communication is not True:
+            raise ValueError("run_ahead=True runs receives ahead on the comm stream, which needs "
+                             f"overlap_gpu_communication=True (got {self.overlap_gpu_communication!r}; "
+                             "'auto' does not weigh running ahead yet)")
+        if self.run_ahead and self.max_inflight_executions < 2:
+            raise ValueError("run_ahead=True receives the next execution's values while one runs, "
+                             "which needs max_inflight_executions >= 2")
         if self.auto_executions < 1:
             raise ValueError(f"auto_executions must be >= 1, got {self.auto_executions}")
         if self.on_full not in ON_FULL:

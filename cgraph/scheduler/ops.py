@@ -10,7 +10,9 @@ loop for one execution. Ops name the graph node they serve by number:
     b.RECV3<a     RECV    actor b receives n3's tensors from a
     a.COLL7[a,b]  COLLECTIVE  actor a joins collective n7 with members a and b
 
-A ``@comm`` suffix marks an op on the communication stream (``b.RECV3<a@comm``).
+A ``@comm`` suffix marks an op on the communication stream (``b.RECV3<a@comm``);
+``@comm+1`` a RECV that the lane issues one execution ahead (``ahead.py``): where it
+stands in execution i, it starts receiving execution i+1's value.
 A schedule prints as actors separated by `` | `` and parses back::
 
     a.R0 a.C1 a.SEND1>b | b.RECV1<a b.C2 b.W2
@@ -59,6 +61,7 @@ class Op:
     node: NodeId
     peers: tuple[ActorId, ...] = ()
     stream: Stream = Stream.COMPUTE
+    ahead: bool = False  # a RECV@comm for the next execution (``ahead.py``)
 
     @property
     def peer(self) -> ActorId:
@@ -77,6 +80,8 @@ class Op:
             text += f"[{','.join(self.peers)}]"
         if self.stream is Stream.COMM:
             text += "@comm"
+        if self.ahead:
+            text += "+1"
         return text
 
 
@@ -84,7 +89,7 @@ Schedule = dict[ActorId, tuple[Op, ...]]
 
 _OP = re.compile(
     r"(?P<actor>\w+)\.(?P<kind>SEND|RECV|COLL|R|C|W)(?P<node>\d+|\{[^}]+\})"
-    r"(?:>(?P<to>\w+)|<(?P<frm>\w+)|\[(?P<members>[\w,]*)\])?(?P<comm>@comm)?\Z"
+    r"(?:>(?P<to>\w+)|<(?P<frm>\w+)|\[(?P<members>[\w,]*)\])?(?P<comm>@comm)?(?P<ahead>\+1)?\Z"
 )
 _KINDS = {k.value: k for k in OpKind}
 
@@ -113,7 +118,9 @@ def parse_op(text: str) -> Op:
     if (need is None) != (not peers and m["members"] is None) or (need and m[need] is None):
         raise GraphSyntaxError(f"op {text!r}: {kind.name} {'needs' if need else 'takes no'} peer")
     stream = Stream.COMM if m["comm"] else Stream.COMPUTE
-    return Op(m["actor"], kind, node, peers, stream)
+    if m["ahead"] and (kind is not OpKind.RECV or stream is not Stream.COMM):
+        raise GraphSyntaxError(f"op {text!r}: only a RECV on the comm stream runs ahead (RECV..@comm+1)")
+    return Op(m["actor"], kind, node, peers, stream, ahead=bool(m["ahead"]))
 
 
 def format_schedule(schedule: Schedule) -> str:

@@ -50,6 +50,7 @@ from dataclasses import dataclass, replace
 
 from cgraph.errors import DeadlockError
 from cgraph.ir.graph import Graph, NodeKind
+from cgraph.scheduler.ahead import renamed, unroll
 from cgraph.scheduler.deadlock import pair_key
 from cgraph.scheduler.ops import ActorId, NodeId, Op, OpKind, Schedule, Stream
 
@@ -85,8 +86,8 @@ class Prediction:
 
 
 def op_key(op: Op) -> str:
-    """The key of ``op`` in a durations table: its text without ``@comm``."""
-    return str(replace(op, stream=Stream.COMPUTE))
+    """The key of ``op`` in a durations table: its text without ``@comm`` (or ``+1``)."""
+    return str(replace(op, stream=Stream.COMPUTE, ahead=False))
 
 
 def compute_reads(graph: Graph) -> dict[NodeId, frozenset[NodeId]]:
@@ -128,6 +129,35 @@ def simulate(schedule: Schedule, durations: Mapping[str, float], *,
     tracks = {actor: tuple(run.spans[(actor, i)] for i in range(len(ops))) for actor, ops in run.lanes.items()}
     makespan = max((span.end for spans in tracks.values() for span in spans), default=0.0)
     return Prediction(machine, makespan, tracks)
+
+
+def simulate_executions(schedule: Schedule, durations: Mapping[str, float], executions: int, *,
+                        machine: Machine = Machine.OWN_ENGINE,
+                        reads: Mapping[NodeId, Collection[NodeId]] | None = None,
+                        default: float = 0.0, cores: int | None = None) -> Prediction:
+    """``simulate`` of ``executions`` executions in flight at once (``ahead.unroll``): the
+    driver's inputs all ready at 0, each op of each execution taking its op's duration.
+    The makespan over ``executions`` is the pipeline's time for them; a RECV run ahead
+    (``@comm+1``) starts receiving the next execution where the lane issues it.
+
+    The tracks hold the unrolled ops (``n1`` of execution 2 is ``n1.2``).
+    """
+    if executions < 1:
+        raise ValueError(f"executions={executions}: simulate at least one")
+    unrolled = unroll(schedule, executions)
+    timed = {}
+    wanted: dict[NodeId, frozenset[NodeId]] = {}
+    for ops in schedule.values():
+        obtained = {op.node for op in ops if op.stream is Stream.COMM and op.kind is not OpKind.SEND}
+        for op in ops:
+            key = op_key(op)
+            for e in range(executions):
+                if key in durations:
+                    timed[op_key(renamed(op, e))] = durations[key]
+                if op.kind is OpKind.COMPUTE:  # its arguments of its own execution
+                    args = obtained if reads is None else reads.get(op.node, ())
+                    wanted[f"{op.node}.{e}"] = frozenset(f"{v}.{e}" for v in args)
+    return simulate(unrolled, timed, machine=machine, reads=wanted, default=default, cores=cores)
 
 
 class _Run:

@@ -15,6 +15,9 @@ in ``RULES``:
   WRITE / SEND after the COMPUTE (or COLLECTIVE) making the value;
 - each CALL node is computed exactly once; a value is obtained at most once
   per actor.
+
+A RECV issued one execution ahead (``@comm+1``, ``ahead.py``) acts on an execution
+before its other ops: the rules read each lane in ``execution_order``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 from cgraph.errors import ScheduleInvariantError
 from cgraph.ir.graph import DRIVER, Graph, NodeKind
+from cgraph.scheduler.ahead import in_execution_order
 from cgraph.scheduler.channels import ChannelKind, ChannelPlan, ValueMap, map_values
 from cgraph.scheduler.ops import ActorId, NodeId, Op, OpKind, Schedule, format_grid
 
@@ -215,6 +219,7 @@ def verify(graph: Graph, plan: ChannelPlan, schedule: Schedule) -> tuple[str, ..
     Returns:
         One line per broken invariant, ``"rule: what"``; empty if all hold.
     """
+    schedule = in_execution_order(schedule)
     count = Counter((op.actor, op.kind, op.node, op.peers) for ops in schedule.values() for op in ops)
     ctx = _Ctx(graph, plan, schedule, map_values(graph), count)
     if any(not graph.has_node(op.node) for ops in schedule.values() for op in ops):

@@ -150,7 +150,9 @@ def ops(draw: st.DrawFn, actor: str | None = None) -> Op:
         peers = (draw(st.sampled_from(ACTOR_IDS)),)
     elif kind is OpKind.COLLECTIVE:
         peers = tuple(draw(st.lists(st.sampled_from(ACTOR_IDS), min_size=1, max_size=4, unique=True)))
-    return Op(who, kind, draw(_NODE_IDS), peers, draw(st.sampled_from(list(Stream))))
+    stream = draw(st.sampled_from(list(Stream)))
+    ahead = kind is OpKind.RECV and stream is Stream.COMM and draw(st.booleans())  # ``@comm+1``
+    return Op(who, kind, draw(_NODE_IDS), peers, stream, ahead=ahead)
 
 
 @st.composite

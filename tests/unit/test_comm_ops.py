@@ -39,6 +39,7 @@ from cgraph.runtime.executor import HANDLERS, after_overlapped_sends, run_actor_
 from cgraph.runtime.options import CompileOptions
 from cgraph.runtime.program import ActorProgram, compute_spec
 from cgraph.scheduler import OpKind, format_schedule, groups, plan_schedule
+from cgraph.scheduler.ahead import run_ahead
 from tests.fabric import LocalTransport
 
 
@@ -89,9 +90,14 @@ class Harness:
     """A compiled graph whose actors are threads of this process."""
 
     def __init__(self, text: str, *, overlap: bool = False, communicators: dict[str, Any] | None = None,
-                 default: str | None = "cpu", constants: tuple[Any, ...] = (), auto: str | None = None) -> None:
+                 default: str | None = "cpu", constants: tuple[Any, ...] = (), auto: str | None = None,
+                 ahead: bool = False) -> None:
         graph = parse_graph(text, constants)
-        self.planned = plan_schedule(graph, overlap=overlap or auto, default_communicator=default)
+        self.planned = plan_schedule(graph, overlap=bool(overlap or auto or ahead), default_communicator=default)
+        if ahead:  # every leading RECV, whatever its communicator (the pipeline's pass: gloo, nccl)
+            self.planned = replace(self.planned, schedule=run_ahead(self.planned.schedule),
+                                   passes=(*self.planned.passes, ("ahead", run_ahead(self.planned.schedule))))
+        passes = dict(self.planned.passes)
         tag = self.tag = uuid.uuid4().hex[:8]
         options = CompileOptions(max_inflight_executions=4, default_communicator=default)
         plan = self.planned.plan
@@ -116,7 +122,9 @@ class Harness:
                 input_node="n0", comm=self.comm.program_of(actor),
             )
             if auto:  # overlap="auto": starts on schedule ``auto``, may switch (runtime/switches.py)
-                both = {"without overlap": self.planned.before_overlap[actor], "with overlap": ops}
+                both = {"without overlap": passes["lower"][actor], "with overlap": passes["overlap"][actor]}
+                if ahead:
+                    both["ahead"] = passes["ahead"][actor]
                 program = replace(program, ops=both[auto], schedules=both)
             program = pickle.loads(pickle.dumps(program))  # each actor gets its own copy, as from Ray
             thread = threading.Thread(target=self._loop, args=(actor, program), daemon=True)
@@ -225,6 +233,25 @@ def test_auto_switches_every_loop_at_one_execution_and_values_never_mix() -> Non
     for x, row in zip(inputs, first + rest, strict=True):
         third = [2.0 * x] * 2 if x >= 0 else f"ValueError: negative {x}"
         assert row == [3.0 * x, float(sum(range(abs(x) + 1))), third]
+
+
+def test_a_loop_that_switches_to_overlap_runs_its_comm_ops_on_a_comm_thread() -> None:
+    """A loop that starts without overlap has no comm thread; after switching to the
+    overlapped schedule its RECVs must run on one (they ran inline before, so the
+    switch changed the order of ops and overlapped nothing)."""
+    from cgraph.runtime import switches
+
+    def comm_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("cgraph-comm")}
+
+    with Harness(SEED, auto="without overlap") as h:
+        before = comm_threads()
+        h.run(1, 2)
+        assert comm_threads() - before == set(), "the lowered schedule runs its comm ops inline"
+        for actor in h.planned.schedule:
+            switches.request(None, h.tag, actor, 3, "with overlap", False)
+        h.run(3, 4, 5)
+        assert len(comm_threads() - before) == 4, "every actor's comm ops now run on its comm thread"
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

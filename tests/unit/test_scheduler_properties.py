@@ -1,5 +1,5 @@
 """Property tests: text forms round-trip, and random DAGs always lower to valid,
-deadlock-free schedules, before and after overlap."""
+deadlock-free schedules, before and after overlap, and with receives run ahead."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from cgraph.errors import TransportError
 from cgraph.ir import Graph, format_graph, parse_graph
 from cgraph.scheduler import (
     Schedule,
+    find_deadlock,
     format_channels,
     format_schedule,
     lower,
@@ -21,6 +22,10 @@ from cgraph.scheduler import (
     plan_schedule,
     verify,
 )
+from cgraph.scheduler.ahead import UNROLLED, in_execution_order, run_ahead, unroll
+from cgraph.scheduler.ops import OpKind, Stream
+from cgraph.scheduler.overlap import _happens_before, _needed
+from cgraph.scheduler.simulate import Machine, simulate_executions
 from tests.unit.graph_strategies import graphs, schedules
 from tests.unit.test_scheduler_invariants import assert_overlap_ok, assert_schedule_ok
 
@@ -69,6 +74,37 @@ def test_communicator_heavy_dags_are_co_scheduled_without_deadlock(graph: Graph)
     overlapped = overlap(lowered)
     assert_schedule_ok(graph, plan, overlapped)
     assert_overlap_ok(lowered, overlapped)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs(max_actors=4, max_steps=16, transports=("nccl", "auto")))
+def test_every_leading_receive_whose_sender_needs_nothing_of_its_actor_runs_ahead(graph: Graph) -> None:
+    """run_ahead keeps every candidate (its dry run over executions never has to pin one
+    back: the argument in ahead.py), the result is valid in execution order, and
+    several executions back to back finish: dry-run with each RECV at the end of the
+    execution before, and simulated with it issued where the loop issues it (the dry
+    run of that form would block the loop at the RECV, which the runtime does not).
+    """
+    plan = plan_channels(graph, default_communicator="cpu")
+    overlapped = overlap(lower(graph, plan))
+    ahead = run_ahead(overlapped)
+    order = _happens_before(overlapped)
+    assert order is not None
+    for actor, ops in overlapped.items():
+        leading = []
+        for op in ops:  # the comm ops' order: RECVs whose SEND needs nothing of the actor, first
+            if op.kind is OpKind.RECV and _needed(order, actor, op) == 0:
+                leading.append(op)
+            elif op.kind in (OpKind.SEND, OpKind.RECV, OpKind.COLLECTIVE):
+                break
+        assert [op.node for op in ahead[actor] if op.ahead] == [op.node for op in leading], format_schedule(ahead)
+        assert in_execution_order(ahead)[actor] == (*leading, *(op for op in ops if op not in leading))
+    assert_schedule_ok(graph, plan, in_execution_order(ahead))
+    unrolled = unroll(ahead, UNROLLED, conservative=True)  # each RECV blocking a one-op-at-a-time lane
+    assert find_deadlock(unrolled) is None, format_schedule(unrolled)
+    for machine in Machine:  # where the loop issues them, on the comm engine: they finish too
+        simulate_executions(ahead, {}, UNROLLED, machine=machine, cores=1)
+    assert all(op.stream is Stream.COMM for ops in ahead.values() for op in ops if op.ahead)
 
 
 @FAST
