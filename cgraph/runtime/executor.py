@@ -96,6 +96,8 @@ class Context:
             if ws and all(isinstance(w, IntraWriter) for w in ws)
         )
         self.fenced = after_overlapped_sends(program.ops)  # computes that wait for SENDs (comm_ops)
+        self.where: list[int] | None = None  # the loop's where-record (where.py), once it runs
+        self.delivered_at: dict[str, int] = {}  # set by set_ops
         self.methods: dict[str, Callable[..., UserValue]] = {}
         self.to_release: list[ChannelReader] = []
         self.comm_state: CommState | None = None  # the communicators' state, made by the first comm op (comm_ops)
@@ -133,11 +135,30 @@ class Context:
         return loop.run_until_complete(coro)
 
     def value(self, node: str) -> UserValue:
-        """The value of ``node`` in this execution, waiting for it if it is in flight."""
+        """The value of ``node`` in this execution, waiting for it if it is in flight (the
+        where-record then names the comm op that delivers it, not the op that waits)."""
         value = self.values[node]
         if isinstance(value, Pending):
-            value = self.values[node] = value.result()
+            where, position = self.where, self.delivered_at.get(node)
+            if where is None or position is None:
+                value = self.values[node] = value.result()
+            else:
+                was, where[1], where[2] = where[1], position, time.perf_counter_ns()
+                value = self.values[node] = value.result()
+                where[1], where[2] = was, time.perf_counter_ns()
         return value
+
+    def set_ops(self, ops: tuple[Op, ...]) -> None:
+        """Run ``ops`` from the next execution on (the start, or a switch of ``overlap="auto"``)."""
+        self.program = replace(self.program, ops=ops)
+        self.fenced = after_overlapped_sends(ops)
+        collectives = self.program.comm.collectives if self.program.comm is not None else {}
+        self.delivered_at = {}  # value -> the lane position of the comm op that delivers it
+        for position, op in enumerate(ops):
+            if op.kind is OpKind.RECV:
+                self.delivered_at[op.node] = position
+            elif op.kind is OpKind.COLLECTIVE and op.node in collectives and collectives[op.node].output:
+                self.delivered_at[collectives[op.node].output] = position
 
     def end_execution(self) -> None:
         if self.end_hooks:  # communicator ops (the only source of Pending values) are here
@@ -421,9 +442,7 @@ def _switch(ctx: Context, switch: switches.Cell) -> bool:
     executions; returns whether to record op events from now on."""
     schedules = ctx.program.schedules
     assert schedules is not None  # only auto graphs have a switch cell
-    ops = schedules[switch.schedule]
-    ctx.program = replace(ctx.program, ops=ops)
-    ctx.fenced = after_overlapped_sends(ops)
+    ctx.set_ops(schedules[switch.schedule])
     switch.switched_at = ctx.execution  # ``at`` stays: the loop never meets that execution again
     return switch.record
 
@@ -526,7 +545,8 @@ def run_actor_loop(instance: object, program: ActorProgram) -> str:
     measured = coverage_hook.trace_this_thread()
     unpin = pin_thread(program.cpu_affinity)
     ctx = Context(instance, program)
-    where = track(program.graph_tag)  # [execution, op position, since]: read by status() (where.py)
+    where = ctx.where = track(program.graph_tag)  # [execution, op position, since]: read by status() (where.py)
+    ctx.set_ops(program.ops)
     switch = switches.cell(program.graph_tag, program.actor) if program.schedules else None
     record = program.timeline is not None
     try:
