@@ -312,7 +312,9 @@ def _plan(dag: RayObject, options: CompileOptions, locate: Callable[[FrontEnd], 
     front, planned = plan_dag(
         dag,
         overlap=bool(options.overlap_gpu_communication),  # "auto" plans both schedules
-        ahead=options.run_ahead,
+        # "auto" weighs running ahead itself, where several executions can be in flight
+        ahead=options.run_ahead or (options.overlap_gpu_communication == "auto"
+                                    and options.max_inflight_executions >= 2),
         default_communicator=options.default_communicator,
         locate=locate,
     )

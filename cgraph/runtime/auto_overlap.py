@@ -7,7 +7,9 @@ op events for the first ``auto_executions`` executions. Once the driver has read
 many results, the next ``execute`` fetches the records, takes each op's duration
 (``visualize.explain.durations``), predicts both schedules on the model that fits the
 actors (``scheduler.decide``: GPUs their own engines, CPU actors the cores of the
-driver's node) and asks every actor to run the chosen one, and to stop recording unless
+driver's node; as many executions in flight as the driver had: with several, the
+overlapped schedule with receives run ahead is a third candidate) and asks every actor
+to run the chosen one, and to stop recording unless
 the user asked for a timeline, from the execution after the one it is about to submit
 (``switches.py`` says why that boundary is the same on every actor). One ``execute``
 pays for it: a Ray call per actor twice, and the simulation (milliseconds).
@@ -25,7 +27,7 @@ from cgraph._boundary import ActorHandle
 from cgraph.errors import CompileError
 from cgraph.ir import Graph, NodeKind
 from cgraph.runtime import switches
-from cgraph.scheduler.decide import WITH, WITHOUT, Decision, decide, machine_for
+from cgraph.scheduler.decide import AHEAD, WITH, WITHOUT, Decision, decide, machine_for
 from cgraph.scheduler.ops import Schedule
 from cgraph.scheduler.simulate import compute_reads
 
@@ -43,24 +45,35 @@ class AutoOverlap:
     keep_recording: bool  # the user asked for a timeline
     decision: Decision | None = None
     switch_at: int | None = None  # the first execution run on the chosen schedule
+    in_flight: int = 1  # the most executions the driver had in flight before deciding
 
     @classmethod
     def start(cls, graph: Graph, lowered: Schedule, overlapped: Schedule, executions: int,
-              keep_recording: bool) -> AutoOverlap:
-        """Raises CompileError where a method does not wait on the input (see ``check``)."""
+              keep_recording: bool, ahead: Schedule | None = None) -> AutoOverlap:
+        """``ahead``: the overlapped schedule with receives run ahead, a third candidate where
+        it differs (``scheduler/ahead.py``). Raises CompileError where a method does not
+        wait on the input (see ``check``)."""
         check(graph)
         gpus = any(actor.gpus > 0 for actor in graph.actors)
-        return cls(graph, {WITHOUT: lowered, WITH: overlapped}, WITH if gpus else WITHOUT, executions,
-                   keep_recording)
+        schedules = {WITHOUT: lowered, WITH: overlapped}
+        if ahead is not None and ahead != overlapped:
+            schedules[AHEAD] = ahead
+        return cls(graph, schedules, WITH if gpus else WITHOUT, executions, keep_recording)
 
     def due(self, read: int) -> bool:
         """Whether to decide now, with ``read`` results read by the driver."""
         return self.decision is None and read >= self.executions
 
+    def observe(self, in_flight: int) -> None:
+        """The driver submits with ``in_flight`` executions in flight, this one counted: the
+        predictions are for as many at once as the user had (running ahead pays only then)."""
+        if in_flight > self.in_flight:
+            self.in_flight = in_flight
+
     def choose(self, durations: Mapping[str, float]) -> Decision:
         machine, cores = machine_for(any(a.gpus > 0 for a in self.graph.actors), len(os.sched_getaffinity(0)))
         return decide(self.schedules, durations, current=self.current, machine=machine, cores=cores,
-                      reads=compute_reads(self.graph))
+                      reads=compute_reads(self.graph), executions=self.in_flight)
 
     def apply(self, decision: Decision, handles: Mapping[str, ActorHandle], tag: str, at: int) -> None:
         """Ask every actor to run ``decision.choice`` from execution ``at`` on; returns once

@@ -268,6 +268,8 @@ class CompiledGraph:
             self._input_usage.check(args, kwargs)
             self._outputs.make_room(self._submitted, blocking)
             index = self._submitted
+            if self._auto is not None and self._auto.decision is None:
+                self._auto.observe(index + 1 - self._outputs.taken)
             if self._auto is not None and self._auto.due(self._outputs.taken):
                 if not blocking:  # Ray calls and a simulation: not on an event loop's thread
                     raise WouldBlock

@@ -212,8 +212,9 @@ def launch(front: FrontEnd, planned: Planned, options: CompileOptions) -> Compil
         comm = setup_communicators(front, planned, tag, options,  # groups + side channels
                                    sockets={"secret": secret, "tls": use_tls})
         resources[f"{tag}.communicators"] = comm
-        auto = (AutoOverlap.start(graph, planned.before_overlap or planned.schedule, planned.schedule,
-                                  options.auto_executions, records(options))
+        passes = dict(planned.passes)
+        auto = (AutoOverlap.start(graph, passes["lower"], passes.get("overlap", planned.schedule),
+                                  options.auto_executions, records(options), ahead=passes.get("ahead"))
                 if options.overlap_gpu_communication == "auto" else None)
         cpus = choose_cpus(options.cpu_affinity)
         local = {a.id for a in graph.actors if not a.host}

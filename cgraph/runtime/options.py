@@ -97,7 +97,7 @@ class CompileOptions:
         if self.run_ahead and self.overlap_gpu_communication is not True:
             raise ValueError("run_ahead=True runs receives ahead on the comm stream, which needs "
                              f"overlap_gpu_communication=True (got {self.overlap_gpu_communication!r}; "
-                             "'auto' does not weigh running ahead yet)")
+                             "'auto' weighs running ahead itself)")
         if self.run_ahead and self.max_inflight_executions < 2:
             raise ValueError("run_ahead=True receives the next execution's values while one runs, "
                              "which needs max_inflight_executions >= 2")

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from cgraph.errors import GraphSyntaxError
+from cgraph.scheduler.ahead import in_execution_order
 from cgraph.scheduler.decide import MODES, Decision, decide, machine_for
 from cgraph.scheduler.ops import parse_op
 from cgraph.scheduler.overlap import overlap
@@ -102,10 +103,11 @@ def explain(tracks: Iterable[Track], planned: Planned | None = None, cores: int 
         return TimelineSummary(processes, len(spans), median)
     reads = compute_reads(planned.graph)
     slack = 50e-6 + max(uncertainty for *_, uncertainty in rows) / 1e9
-    path = critical_path(planned.schedule, spans[index], reads=reads, slack=slack)
+    passes = dict(planned.passes)  # one execution's view: receives run ahead in their execution
+    path = critical_path(in_execution_order(planned.schedule), spans[index], reads=reads, slack=slack)
     table = durations(rows)
-    lowered = planned.before_overlap or planned.schedule
-    schedules = {MODES[0]: lowered, MODES[1]: planned.schedule if planned.before_overlap else overlap(lowered)}
+    lowered = passes["lower"]
+    schedules = {MODES[0]: lowered, MODES[1]: passes["overlap"] if "overlap" in passes else overlap(lowered)}
     predicted = {(mode, machine): simulate(schedule, table, machine=machine, reads=reads).makespan
                  for mode, schedule in schedules.items() for machine in Machine}
     machine, shared = machine_for(any(actor.gpus > 0 for actor in planned.graph.actors), cores)

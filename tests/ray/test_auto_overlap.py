@@ -140,3 +140,37 @@ def test_a_bad_overlap_setting_is_refused(seed):
         cgraph.compile(seed, overlap_gpu_communication="sometimes")
     with pytest.raises(ValueError, match="auto_executions"):
         cgraph.compile(seed, overlap_gpu_communication="auto", auto_executions=0)
+
+
+def test_with_executions_in_flight_auto_weighs_running_ahead_and_switches_to_it(seed, monkeypatch):
+    """Over gloo, with four executions in flight, "auto" predicts three schedules for four
+    at once, and (its choice forced, the durations being this VM's) every actor switches
+    to receiving ahead at one boundary with every value right."""
+    from dataclasses import replace
+
+    from cgraph.scheduler.decide import AHEAD
+
+    made: list[Decision] = []
+    real = AutoOverlap.choose
+
+    def run_ahead(self, durations):
+        made.append(real(self, durations))
+        return replace(made[-1], choice=AHEAD)
+
+    monkeypatch.setattr(AutoOverlap, "choose", run_ahead)
+    compiled = cgraph.compile(seed, overlap_gpu_communication="auto", default_communicator="gloo",
+                              auto_executions=4, max_inflight_executions=4)
+    try:
+        got = []
+        for start in range(0, 16, 4):  # four in flight at a time
+            refs = [compiled.execute(i) for i in range(start, start + 4)]
+            got += [ref.get(timeout=60) for ref in refs]
+        assert got == [[float(i)] * 3 for i in range(16)]
+        (decision,) = made
+        assert set(decision.predicted) == {WITHOUT, WITH, AHEAD} and decision.executions == 4
+        assert "4 executions in flight" in str(decision)
+        assert len(set(switched_at(compiled).values())) == 1
+        lane = " ".join(str(op) for op in compiled.schedule["d"])
+        assert lane.startswith("d.RECV1<a@comm+1 d.RECV2<b@comm+1 d.RECV3<c@comm+1"), lane
+    finally:
+        compiled.teardown()

@@ -12,10 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cgraph.ir import Graph
+from cgraph.ir import Graph, parse_graph
 from cgraph.scheduler import lower, overlap, plan_channels
 from cgraph.scheduler.decide import THRESHOLD, decide, machine_for
-from cgraph.scheduler.simulate import Machine, compute_reads, op_key, simulate
+from cgraph.scheduler.ahead import in_execution_order, run_ahead
+from cgraph.scheduler.simulate import Machine, compute_reads, op_key, simulate, simulate_executions
+from tests.unit.test_ahead import PIPE
 from tests.unit.graph_strategies import graphs
 from tests.unit.test_scheduler_simulate import SEED, SEED_TIMES
 
@@ -24,9 +26,12 @@ pytestmark = pytest.mark.slow  # left out of `make test-fast`
 OWN, SHARED = Machine.OWN_ENGINE, Machine.SHARED_CORES
 
 
-def candidates(graph: Graph) -> dict[str, dict]:
+def candidates(graph: Graph, ahead: bool = False) -> dict[str, dict]:
     lowered = lower(graph, plan_channels(graph, default_communicator="cpu"))
-    return {"no overlap": lowered, "overlap": overlap(lowered)}
+    out = {"no overlap": lowered, "overlap": overlap(lowered)}
+    if ahead:  # every leading receive, as over gloo or NCCL
+        out["ahead"] = run_ahead(out["overlap"])
+    return out
 
 
 def test_shared_cores_serialize_the_actors_beyond_the_core_count() -> None:
@@ -54,6 +59,23 @@ def test_the_seed_overlaps_on_a_gpu_and_not_on_two_shared_cores() -> None:
     assert "on 2 shared core(s)" in str(on_cpu)
 
 
+def test_running_ahead_is_chosen_only_with_several_executions_in_flight() -> None:
+    """A pipeline whose second stage computes as long as a value takes to cross: with
+    executions one at a time running ahead predicts nothing more than the overlap; with
+    four in flight it is chosen."""
+    graph = parse_graph(PIPE)
+    schedules, reads = candidates(graph, ahead=True), compute_reads(graph)
+    times = {"a.C1": 0.2, "a.SEND1>b": 1.0, "b.C2": 1.0}
+    one = decide(schedules, times, current="overlap", machine=OWN, reads=reads)
+    assert one.choice == "overlap" and one.predicted["ahead"] == one.predicted["overlap"]
+    assert one.predicted["no overlap"] == one.predicted["overlap"]  # one execution: nothing to overlap
+    four = decide(schedules, times, current="no overlap", machine=OWN, reads=reads, executions=4)
+    assert four.choice == "ahead" and four.predicted["ahead"] < 0.8 * four.predicted["overlap"]
+    assert "4 executions in flight" in str(four)
+    with pytest.raises(ValueError, match="at least one"):
+        decide(schedules, times, current="overlap", machine=OWN, executions=0)
+
+
 def test_bad_arguments_are_refused() -> None:
     schedules = candidates(SEED)
     with pytest.raises(ValueError, match="none of the candidates"):
@@ -70,16 +92,24 @@ def test_the_model_follows_the_actors() -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graphs(max_actors=4, max_steps=14, transports=("nccl", "auto")), st.integers(0, 2**32),
        st.sampled_from([(OWN, None), (SHARED, None), (SHARED, 1), (SHARED, 2)]),
-       st.sampled_from(["no overlap", "overlap"]))
-def test_the_choice_is_never_predicted_slower_than_a_fixed_schedule(graph: Graph, seed: int, model, current: str) -> None:
-    schedules, reads = candidates(graph), compute_reads(graph)
+       st.sampled_from(["no overlap", "overlap", "ahead"]), st.sampled_from([1, 2, 4]))
+def test_the_choice_is_never_predicted_slower_than_a_fixed_schedule(graph: Graph, seed: int, model, current: str,
+                                                                    executions: int) -> None:
+    """Over the three candidates, one execution or several in flight."""
+    schedules, reads = candidates(graph, ahead=True), compute_reads(graph)
     rng = random.Random(seed)
     times = {op_key(op): rng.choice([0, 1, 2, 5, 10, 20]) for ops in schedules["no overlap"].values() for op in ops}
     machine, cores = model
-    got = decide(schedules, times, current=current, machine=machine, cores=cores, reads=reads)
+    got = decide(schedules, times, current=current, machine=machine, cores=cores, reads=reads, executions=executions)
     best = min(got.predicted.values())
     for name, schedule in schedules.items():  # the predictions are the simulator's, on the same model
-        assert got.predicted[name] == simulate(schedule, times, machine=machine, reads=reads, cores=cores).makespan
+        want = (simulate(in_execution_order(schedule), times, machine=machine, reads=reads, cores=cores).makespan
+                if executions == 1
+                else simulate_executions(schedule, times, executions, machine=machine, reads=reads,
+                                         cores=cores).makespan / executions)
+        assert got.predicted[name] == pytest.approx(want)
+    if executions == 1:  # one at a time, running ahead is the overlapped schedule
+        assert got.predicted["ahead"] == pytest.approx(got.predicted["overlap"])
     assert got.predicted[got.choice] <= best / (1 - THRESHOLD) + 1e-9
     if got.switches:
         assert got.predicted[got.choice] == best
