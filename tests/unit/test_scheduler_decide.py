@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from cgraph.ir import Graph, parse_graph
 from cgraph.scheduler import lower, overlap, plan_channels
-from cgraph.scheduler.decide import THRESHOLD, decide, machine_for
 from cgraph.scheduler.ahead import in_execution_order, run_ahead
+from cgraph.scheduler.decide import THRESHOLD, decide, machine_for
 from cgraph.scheduler.simulate import Machine, compute_reads, op_key, simulate, simulate_executions
-from tests.unit.test_ahead import PIPE
 from tests.unit.graph_strategies import graphs
+from tests.unit.test_ahead import PIPE
 from tests.unit.test_scheduler_simulate import SEED, SEED_TIMES
 
 pytestmark = pytest.mark.slow  # left out of `make test-fast`
