@@ -4,7 +4,8 @@ Each actor is a lane (a cluster) whose ops run left to right, linked by ordering
 edges; step ``i`` of every lane sits in column ``i``, as in ``format_grid``. A
 SEND and its RECV are linked by a dashed edge across lanes labelled with the node;
 the COLLECTIVE ops of one node are chained across their members. Ops on the
-communication stream are drawn with a double border and a "comm stream" line.
+communication stream are drawn with a double border and a "comm stream" line (a RECV
+issued one execution ahead: "comm stream: the next execution's").
 
 Given ``before`` (the schedule a pass started from), the ops whose position
 changed are outlined red. "Changed" is the minimal set: per actor, the ops of the
@@ -123,9 +124,10 @@ def _op_ids(schedule: Schedule) -> dict[str, list[str]]:
 
 def _op_line(op: Op, op_id: str, moved: bool) -> str:
     style = DOT_STYLE[op.kind]
-    text = str(op).removesuffix("@comm")
+    text = str(op).removesuffix("@comm").removesuffix("@comm+1")
     comm = op.stream is Stream.COMM
-    label = text + ("\ncomm stream" if comm else "") + ("\nmoved" if moved else "")
+    stream = "\ncomm stream: the next execution's" if op.ahead else "\ncomm stream" if comm else ""
+    label = text + stream + ("\nmoved" if moved else "")
     return "    " + quote(op_id) + attrs(
         label=label,
         shape=style.shape,

@@ -195,3 +195,11 @@ def test_one_execution_checks_read_lanes_in_execution_order() -> None:
     p = planned(THREE)
     assert in_execution_order(p.schedule)["b"] == dict(p.passes)["overlap"]["b"]
     assert find_deadlock(in_execution_order(p.schedule)) is None
+
+
+def test_the_picture_names_the_receives_that_serve_the_next_execution() -> None:
+    from cgraph.visualize import schedule_to_dot
+
+    p = planned(THREE)
+    dot = schedule_to_dot(p.schedule, p.before_overlap)
+    assert "b.RECV1<a\\ncomm stream: the next execution's" in dot
