@@ -30,18 +30,6 @@ n2 = b.double(n1)
 return n2
 """
 
-THREE = """
-actor a = W(gpus=0)
-actor b = W(gpus=0)
-actor c = W(gpus=0)
-n0 = input
-n1 = a.make(n0) :nccl
-n2 = b.double(n1) :nccl
-n3 = c.double(n2)
-return n3
-"""
-
-
 def planned(text: str, communicator: str = "gloo"):  # type: ignore[no-untyped-def]
     return plan_schedule(parse_graph(text), overlap=True, ahead=True, default_communicator=communicator)
 
@@ -63,7 +51,7 @@ def test_a_pipeline_stage_receives_the_next_execution_while_it_computes() -> Non
 def test_a_middle_stage_issues_its_receive_after_its_own_send() -> None:
     """The comm queue keeps each execution's ops in order: b's RECV of i+1 waits behind
     its SEND of i, never in front of it."""
-    p = planned(THREE)
+    p = planned(CHAIN)
     assert format_schedule({"b": p.schedule["b"]}) == "b.C2 b.SEND2>c@comm b.RECV1<a@comm+1"
     assert execution_order(p.schedule["b"])[0] == Op("b", OpKind.RECV, "n1", ("a",), Stream.COMM)
 
@@ -131,7 +119,7 @@ def test_the_simulator_predicts_the_gain_only_where_comm_has_its_own_engine() ->
 def test_running_ahead_is_never_predicted_slower_on_its_own_engine(times: list[float], executions: int) -> None:
     """Property: on its own engine, starting receives earlier never delays anything (a
     max-plus system with fewer constraints), for the pipeline and the seed's fan-in."""
-    for text, keys in ((PIPE, ("a.C1", "a.SEND1>b", "b.C2")), (THREE, ("a.C1", "a.SEND1>b", "b.C2"))):
+    for text, keys in ((PIPE, ("a.C1", "a.SEND1>b", "b.C2")), (CHAIN, ("a.C1", "a.SEND1>b", "b.C2"))):
         p = planned(text)
         durations = dict(zip(keys, times, strict=True))
         slow = simulate_executions(dict(p.passes)["overlap"], durations, executions).makespan
@@ -148,7 +136,7 @@ def test_a_link_read_ahead_gives_no_views() -> None:
         assert [normalise(row) for row in h.run(*range(6))] == [[[2.0 * x] * 3] for x in range(6)]
 
 
-@pytest.mark.parametrize("text", [SEED, CHAIN, THREE])
+@pytest.mark.parametrize("text", [SEED, CHAIN])
 def test_results_with_receives_run_ahead_are_those_without(text: str) -> None:
     inputs = [1, 4, -1, 2, 0, -3, 5, 3]
     with Harness(text, overlap=True) as h:
@@ -192,7 +180,7 @@ def test_a_switch_to_or_from_running_ahead_at_any_boundary_changes_no_value(inpu
 
 
 def test_one_execution_checks_read_lanes_in_execution_order() -> None:
-    p = planned(THREE)
+    p = planned(CHAIN)
     assert in_execution_order(p.schedule)["b"] == dict(p.passes)["overlap"]["b"]
     assert find_deadlock(in_execution_order(p.schedule)) is None
 
@@ -200,6 +188,6 @@ def test_one_execution_checks_read_lanes_in_execution_order() -> None:
 def test_the_picture_names_the_receives_that_serve_the_next_execution() -> None:
     from cgraph.visualize import schedule_to_dot
 
-    p = planned(THREE)
+    p = planned(CHAIN)
     dot = schedule_to_dot(p.schedule, p.before_overlap)
     assert "b.RECV1<a\\ncomm stream: the next execution's" in dot
