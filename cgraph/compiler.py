@@ -238,16 +238,14 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
     default_communicator: str | UserValue | None = None, cpu_affinity: str | Iterable[int] | None = None,
     max_buffered_results: int = 1000, on_full: str = "raise",
     max_value_bytes: int = 16 << 30, tls: bool | None = None, timeline: bool | None = None,
-    timeline_executions: int = 100, teardown_timeout: float = 30.0, auto_executions: int = 5,
-    run_ahead: bool = False,
+    timeline_executions: int = 100, teardown_timeout: float = 30.0, auto_executions: int = 5, run_ahead: bool = False,
 ) -> CompiledGraph:
     """Compile a Ray DAG of live actors with cgraph and start it.
 
     Options take Ray Compiled Graphs' names without the underscore, and Ray's defaults.
 
     Args:
-        dag: the root of a Ray DAG over actor handles: a ``MultiOutputNode`` or
-            one bound call.
+        dag: the root of a Ray DAG over actor handles: a ``MultiOutputNode`` or one bound call.
         overlap_gpu_communication: run communicator receives early, beside compute;
             ``"auto"``: measure, then run the faster (``compiled.overlap_decision``).
         max_inflight_executions: executions submitted and not yet read from the
@@ -275,13 +273,11 @@ def compile(  # noqa: A001 - the public name, as in Ray's experimental_compile
         timeline_executions: how many of the latest executions each actor keeps.
         teardown_timeout: seconds ``teardown()`` waits for the actor loops to end.
         auto_executions: ``"auto"`` decides after this many executions.
-        run_ahead: with ``overlap_gpu_communication=True`` and several executions in
-            flight, an actor begins receiving execution i+1's values while execution i
-            computes (the receives that lead its comm queue: ``+1`` in the schedule).
+        run_ahead: with overlap and several executions in flight, receive execution
+            i+1's values while execution i computes (``+1`` in the schedule).
 
     Returns:
-        A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``,
-        ``timeline``, ``teardown``.
+        A ``cgraph.CompiledGraph``: ``execute``, ``execute_async``, ``visualize``, ``timeline``, ``teardown``.
 
     Raises:
         DAGValidationError: (or a subclass) the DAG breaks a front-end rule.

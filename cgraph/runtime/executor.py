@@ -152,13 +152,7 @@ class Context:
         """Run ``ops`` from the next execution on (the start, or a switch of ``overlap="auto"``)."""
         self.program = replace(self.program, ops=ops)
         self.fenced = after_overlapped_sends(ops)
-        collectives = self.program.comm.collectives if self.program.comm is not None else {}
-        self.delivered_at = {}  # value -> the lane position of the comm op that delivers it
-        for position, op in enumerate(ops):
-            if op.kind is OpKind.RECV:
-                self.delivered_at[op.node] = position
-            elif op.kind is OpKind.COLLECTIVE and op.node in collectives and collectives[op.node].output:
-                self.delivered_at[collectives[op.node].output] = position
+        self.delivered_at = _delivered(self.program)
 
     def end_execution(self) -> None:
         if self.end_hooks:  # communicator ops (the only source of Pending values) are here
@@ -529,12 +523,23 @@ def _waiting(op: Op, ctx: Context) -> Step | None:
     return wait
 
 
+def _delivered(program: ActorProgram) -> dict[str, int]:
+    """Each value a comm op of ``program`` delivers (a RECV's, a collective's output), and
+    the lane position of that op."""
+    collectives = program.comm.collectives if program.comm is not None else {}
+    out = {}
+    for position, op in enumerate(program.ops):
+        if op.kind is OpKind.RECV:
+            out[op.node] = position
+        elif op.kind is OpKind.COLLECTIVE and op.node in collectives and collectives[op.node].output:
+            out[collectives[op.node].output] = position
+    return out
+
+
 def _in_flight(program: ActorProgram) -> set[str]:
     """The values this actor's comm stream delivers: RECVs and collective outputs on it."""
-    on_comm = {op.node: op.kind for op in program.ops if op.stream is Stream.COMM}
-    received = {node for node, kind in on_comm.items() if kind is OpKind.RECV}
-    collectives = program.comm.collectives if program.comm is not None else {}
-    return received | {c.output for node, c in collectives.items() if c.output and node in on_comm}
+    return {node for node, position in _delivered(program).items()
+            if program.ops[position].stream is Stream.COMM}
 
 
 def run_actor_loop(instance: object, program: ActorProgram) -> str:

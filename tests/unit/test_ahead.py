@@ -19,7 +19,14 @@ from cgraph.scheduler import find_deadlock, format_schedule, parse_schedule, pla
 from cgraph.scheduler.ahead import execution_order, in_execution_order, unroll
 from cgraph.scheduler.ops import Op, OpKind, Stream, parse_op
 from cgraph.scheduler.simulate import Machine, simulate, simulate_executions
-from tests.unit.test_comm_ops import CHAIN, SEED, SEND_THEN_BUMP, Harness, normalise
+from tests.unit.test_comm_ops import (
+    CHAIN,
+    SEED,
+    SEND_THEN_BUMP,
+    Harness,
+    normalise,
+    switch_and_check,
+)
 
 PIPE = """
 actor a = W(gpus=0)
@@ -163,20 +170,9 @@ def test_a_switch_to_or_from_running_ahead_at_any_boundary_changes_no_value(inpu
     """Property (as test_comm_ops' for overlap): a switch between any two of the three
     schedules, at any execution, with any executions in flight after it, gives the
     results of no switch: values received ahead carry over, none is received twice."""
-    from cgraph.runtime import switches
-
     at = data.draw(st.integers(1, len(inputs) - 1), label="switch at")
     start, to = data.draw(st.permutations(["with overlap", "without overlap", "ahead"]), label="from, to")[:2]
-    with Harness(SEED, auto=start, ahead=True) as h:
-        first = [normalise(row) for row in h.run(*inputs[:at - 1])] if at > 1 else []
-        for actor in h.planned.schedule:
-            switches.request(None, h.tag, actor, at, to, False)
-        rest = [normalise(row) for row in h.run(*inputs[at - 1:])]
-        switched = {actor: switches.switched_at(None, h.tag, actor) for actor in h.planned.schedule}
-    assert switched == dict.fromkeys(h.planned.schedule, at)
-    for x, row in zip(inputs, first + rest, strict=True):
-        third = [2.0 * x] * 2 if x >= 0 else f"ValueError: negative {x}"
-        assert row == [3.0 * x, float(sum(range(abs(x) + 1))), third]
+    switch_and_check(inputs, at, start, to, ahead=True)
 
 
 def test_one_execution_checks_read_lanes_in_execution_order() -> None:

@@ -260,11 +260,17 @@ def test_a_switch_at_any_boundary_with_any_executions_in_flight_changes_no_value
     """Property: whichever execution the switch names (holding back the one before it, as the
     driver does) and however many are in flight after it, every loop switches there, in
     either direction, and every result is the one without a switch."""
-    from cgraph.runtime import switches
-
     at = data.draw(st.integers(1, len(inputs) - 1), label="switch at")
     start, to = data.draw(st.permutations(["with overlap", "without overlap"]), label="from, to")
-    with Harness(SEED, auto=start) as h:
+    switch_and_check(inputs, at, start, to)
+
+
+def switch_and_check(inputs: list[int], at: int, start: str, to: str, ahead: bool = False) -> None:
+    """Run SEED's ``inputs`` starting on schedule ``start``, every loop asked to switch to ``to``
+    at execution ``at``; every loop switches there and every result is the one without a switch."""
+    from cgraph.runtime import switches
+
+    with Harness(SEED, auto=start, ahead=ahead) as h:
         first = [normalise(row) for row in h.run(*inputs[:at - 1])] if at > 1 else []
         for actor in h.planned.schedule:  # execution at - 1's input is not written yet
             switches.request(None, h.tag, actor, at, to, False)
