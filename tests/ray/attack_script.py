@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -60,10 +61,23 @@ def strangers(*attacks: tuple[str, tuple[str, int], str]) -> list[subprocess.Pop
             for kind, (host, port), arg in attacks]
 
 
+def all_in(procs: list[subprocess.Popen], timeout: float = 60.0) -> None:
+    """Wait until every stranger says it is in at its door (its first line, ``arrived``):
+    on a loaded machine a stranger's interpreter may take seconds to start."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"a stranger ({proc.args[3]}) never reached its door"
+        assert json.loads(proc.stdout.readline()) == {"in": True}
+
+
 def outcomes(procs: list[subprocess.Popen]) -> dict[str, dict]:
     found = {}
     for proc in procs:
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)  # a few lines: they fit in the pipe
+        assert proc.stdout is not None
+        out = proc.stdout.read()  # through the reader ``all_in`` used: nothing it buffered is lost
         entry = json.loads(out.strip().splitlines()[-1])
         found[entry.pop("attack")] = entry
     return found
@@ -103,7 +117,7 @@ def data_attacks(compiled, server, a, b, names, mark: str) -> None:
         ("pickle", doors["driver"], mark + ".driver"),
         ("flood", doors["driver"], "24"),
     )
-    time.sleep(1.5)  # the strangers are in before the writers connect
+    all_in(procs)  # the strangers are in before the writers connect
     ok = run(compiled, 0)
     seen = outcomes(procs)
     time.sleep(0.5)

@@ -78,6 +78,12 @@ def send(sock: socket.socket, data: bytes) -> bool:
         return False
 
 
+def arrived() -> None:
+    """Say on stdout that this stranger is in at the door (or found it shut): the attack
+    script waits for it before it lets the writers connect."""
+    print(json.dumps({"in": True}), flush=True)
+
+
 def attack(kind: str, host: str, port: int, arg: str) -> dict:
     if kind == "flood":
         socks, refused = [], 0
@@ -86,12 +92,15 @@ def attack(kind: str, host: str, port: int, arg: str) -> dict:
                 socks.append(socket.create_connection((host, port), timeout=10))
             except ConnectionRefusedError:  # the door shut behind the writer (a slow machine)
                 refused += 1
+        arrived()
         closed = sum(closed_by_peer(s, 15.0) for s in socks)
         return {"closed": closed + refused, "of": int(arg)}
     try:
         sock, challenge = connect(host, port)
     except ConnectionRefusedError:  # the door shut behind the writer before this one came
+        arrived()
         return {"challenged": False, "door_shut": True, "closed": True, "held_s": 0.0}
+    arrived()
     seen = {"challenged": challenge.startswith(b"cgraph-auth"), "door_shut": challenge == b""}
     if kind == "garbage":
         seen["sent"] = send(sock, os.urandom(4096))
